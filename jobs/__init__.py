@@ -1,0 +1,1 @@
+"""One entry point per job kind; each is a thin ``main(argv)`` that a node runs."""

@@ -1,0 +1,1 @@
+"""The launcher (``submit.py``) and the backends that submit; stage code never imports this."""

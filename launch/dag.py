@@ -1,0 +1,251 @@
+"""The recipe's stage DAG, defined once, and the planner every backend reads.
+
+A :class:`Stage` declares its job entry point, inputs, outputs, resources and (for labelling)
+array width. :func:`plan` turns the stages a user named into concrete :class:`JobSpec` s, in
+DAG order, with dependencies derived from inputs and outputs. The local backend runs these as
+subprocesses; the Slurm renderer turns each into one sbatch script. Neither adds anything a
+stage depends on, so a stage's results do not depend on the backend.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hobson.errors import StageError
+from hobson.shards import format_spec
+from launch.options import RecipeConfig
+
+
+@dataclass(frozen=True)
+class Resources:
+    gpus: int = 0  # per task (array stages) or per node
+    cpus: int = 1  # also torch's thread count, on every backend
+    mem_gb: int = 4
+    time: str = "00:30:00"
+    nodes: int = 1
+
+
+@dataclass
+class JobSpec:
+    """One submission: a single job, or an array whose task k runs shard ``shards[k]``."""
+
+    name: str  # unique within a plan, e.g. "teacher" or "teacher-merge"
+    stage: str  # the user-facing stage it belongs to
+    job: str  # runs jobs.<job>.main(job_args)
+    job_args: list[str]
+    inputs: list[str]  # paths relative to the run directory
+    outputs: list[str]  # "REL[=ROWS]"; "{shard}" is filled in per array task
+    resources: Resources
+    after: list[str] = field(default_factory=list)
+    shards: list[int] | None = None
+    num_shards: int | None = None
+    throttle: int | None = None
+    launcher: str = "python"  # or "torchrun" (multi-GPU training stages)
+
+    @property
+    def is_array(self) -> bool:
+        return self.shards is not None
+
+    def stagerun_args(self, run_dir: str) -> list[str]:
+        """Arguments of ``python -m hobson.stagerun`` that run this job and record it."""
+        argv = ["-m", "hobson.stagerun", "--run-dir", run_dir, "--stage", self.name, "--job", self.job,
+                "--gpus", str(self.resources.gpus), "--cpus", str(self.resources.cpus)]
+        if self.shards is not None:
+            argv += ["--shards", format_spec(self.shards)]
+        for o in self.outputs:
+            argv += ["--output", o]
+        return argv + ["--"] + self.job_args
+
+    def command(self, run_dir: str, python: str = "python") -> str:
+        return shlex.join([python, *self.stagerun_args(run_dir)])
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    run_dir: str
+    ngpu: int
+    config: RecipeConfig
+    seed: int
+    expected_rows: Callable[[str], int | None]
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    jobs: Callable[[PlanContext], list[JobSpec]]
+    after_if_named: tuple[str, ...] = ()  # ordering-only edges (optional inputs such as raw data)
+    help: str = ""
+
+
+# ---------------------------------------------------------------------------------------------
+# the decider recipe
+
+CORPUS_OUTPUTS = {
+    "build": ["build/train.jsonl", "build/eval.jsonl"],
+    "multistep": ["multistep/train.jsonl", "multistep/eval.jsonl"],
+    "generated": ["generated/train.jsonl", "generated/eval.jsonl", "generated/consistency.jsonl",
+                  "generated/flip.jsonl"],
+    "adequacy": ["adequacy/train.jsonl", "adequacy/eval.jsonl"],
+    "catchall": ["catchall/train.jsonl", "catchall/eval.jsonl"],
+}
+TEACHER_CORPUS = "data/multistep/train.jsonl"
+# Training files in the order the training set concatenates them; the teacher's rows are
+# shifted by the line counts of the files before its corpus.
+TRAIN_FILES = [f"data/{s}/train.jsonl" for s in ("build", "multistep", "generated", "adequacy", "catchall")]
+
+
+def _with_rows(ctx: PlanContext, rel: str) -> str:
+    rows = ctx.expected_rows(rel)
+    return rel if rows is None else f"{rel}={rows}"
+
+
+def _corpus_stage(name: str) -> Callable[[PlanContext], list[JobSpec]]:
+    def jobs(ctx: PlanContext) -> list[JobSpec]:
+        c = ctx.config.corpus
+        outs = [f"data/{p}" for p in CORPUS_OUTPUTS[name]]
+        return [JobSpec(
+            name=name, stage=name, job=name,
+            job_args=["--data-dir", f"{ctx.run_dir}/data", "--scale", repr(c.scale), "--seed", str(c.seed)],
+            inputs=[], outputs=[_with_rows(ctx, o) for o in outs] + [f"data/{name}/SHA256SUMS"],
+            resources=Resources(cpus=1, mem_gb=4, time="00:30:00"),
+        )]
+    return jobs
+
+
+def _fetch(ctx: PlanContext) -> list[JobSpec]:
+    return [JobSpec(
+        name="fetch", stage="fetch", job="fetch",
+        job_args=["--data-dir", f"{ctx.run_dir}/data", "--config", ctx.config.corpus.fetch_config],
+        inputs=[], outputs=["data/raw/MANIFEST.json"],
+        resources=Resources(cpus=1, mem_gb=2, time="02:00:00"),
+    )]
+
+
+def _labelling(name: str, corpus: str, out: str, model_args: Callable[[PlanContext], list[str]],
+               num_shards: Callable[[PlanContext], int], extra_inputs: Callable[[PlanContext], list[str]],
+               max_tokens: Callable[[PlanContext], int], max_rows: Callable[[PlanContext], int],
+               ) -> Callable[[PlanContext], list[JobSpec]]:
+    """An array that labels ``corpus`` in whole-batch shards, then a merge job after it."""
+
+    def jobs(ctx: PlanContext) -> list[JobSpec]:
+        n = num_shards(ctx)
+        stem = out[: -len(".jsonl")]
+        rows = ctx.expected_rows(corpus)
+        with_rows = lambda rel: rel if rows is None else f"{rel}={rows}"  # one output row per corpus row
+        shard_out = f"{stem}.shard{{shard}}of{n}.jsonl"
+        array = JobSpec(
+            name=name, stage=name, job="teacher",
+            job_args=["--corpus", f"{ctx.run_dir}/{corpus}", "--out", f"{ctx.run_dir}/{out}",
+                      "--num-shards", str(n), "--shards", "{shards}",
+                      "--max-batch-tokens", str(max_tokens(ctx)), "--max-batch-rows", str(max_rows(ctx)),
+                      *model_args(ctx)],
+            inputs=[corpus, *extra_inputs(ctx)], outputs=[shard_out, shard_out + ".done"],
+            resources=Resources(gpus=1, cpus=2, mem_gb=16, time="02:00:00"),
+            shards=list(range(n)), num_shards=n, throttle=min(n, max(ctx.ngpu, 1)),
+        )
+        preceding = TRAIN_FILES[: TRAIN_FILES.index(corpus)] if corpus in TRAIN_FILES else []
+        train_out = f"{stem}_train.jsonl"
+        merge = JobSpec(
+            name=f"{name}-merge", stage=name, job="teacher_merge",
+            job_args=["--out", f"{ctx.run_dir}/{out}", "--num-shards", str(n)]
+            + (["--expected-rows", str(rows)] if rows is not None else [])
+            + (["--shift-by", *[f"{ctx.run_dir}/{p}" for p in preceding]] if preceding else []),
+            inputs=preceding,
+            outputs=[with_rows(out)] + ([with_rows(train_out)] if preceding else []),
+            resources=Resources(cpus=1, mem_gb=8, time="00:30:00"), after=[name],
+        )
+        return [array, merge]
+
+    return jobs
+
+
+def _teacher_model_args(ctx: PlanContext) -> list[str]:
+    t = ctx.config.teacher
+    return ["--teacher", t.model] if t.model else ["--default-teacher-dir", f"{ctx.run_dir}/models/teacher"]
+
+
+def _default_shards(ctx: PlanContext) -> int:
+    return ctx.config.teacher.shards or max(ctx.ngpu, 1)
+
+
+STAGES: list[Stage] = [
+    Stage("build", _corpus_stage("build"), after_if_named=("fetch",), help="short-task rows"),
+    Stage("fetch", _fetch, help="public raw datasets listed in the fetch config"),
+    Stage("multistep", _corpus_stage("multistep"), after_if_named=("fetch",), help="2-3-hop rows"),
+    Stage("generated", _corpus_stage("generated"), after_if_named=("fetch",),
+          help="generated questions, paraphrase and flip eval sets"),
+    Stage("adequacy", _corpus_stage("adequacy"), after_if_named=("fetch",), help="request/response adequacy"),
+    Stage("catchall", _corpus_stage("catchall"), after_if_named=("fetch",), help="'none of these' rows"),
+    Stage("teacher", _labelling(
+        "teacher", TEACHER_CORPUS, "labels/teacher.jsonl", _teacher_model_args, _default_shards,
+        extra_inputs=lambda ctx: [], max_tokens=lambda ctx: ctx.config.teacher.max_batch_tokens,
+        max_rows=lambda ctx: ctx.config.teacher.max_batch_rows),
+        help="label the multi-step rows with the frozen teacher (array + merge)"),
+]
+# `fetch` is listed after `build` above for readability of `--help`; DAG order comes from edges.
+ALL = ["build", "fetch", "multistep", "generated", "adequacy", "catchall", "teacher"]
+BY_NAME = {s.name: s for s in STAGES}
+
+
+def expand_stage_names(names: list[str]) -> list[str]:
+    out: list[str] = []
+    for n in names:
+        if n == "all":
+            out += ALL
+        elif n in BY_NAME:
+            out.append(n)
+        else:
+            raise StageError(f"unknown stage {n!r}; stages: {', '.join(ALL)} (or 'all')")
+    return list(dict.fromkeys(out))
+
+
+def plan(names: list[str], ctx: PlanContext, present: Callable[[str], bool]) -> list[JobSpec]:
+    """Concrete jobs for the named stages, in DAG order.
+
+    ``present(rel)`` says whether an input already exists with its recorded digest. An input
+    neither produced by a named stage nor present is refused, naming it.
+    """
+    names = expand_stage_names(names)
+    specs = {n: BY_NAME[n].jobs(ctx) for n in names}
+    producer: dict[str, str] = {}
+    for jobs in specs.values():
+        for j in jobs:
+            for o in j.outputs:
+                producer[o.split("=")[0]] = j.name
+    missing = []
+    for jobs in specs.values():
+        for j in jobs:
+            for i in j.inputs:
+                if i in producer:
+                    if producer[i] not in j.after:
+                        j.after.append(producer[i])
+                elif not present(i):
+                    missing.append(f"{j.stage}: needs {i}, which no named stage produces and the run does "
+                                   f"not hold with a recorded digest")
+    if missing:
+        raise StageError("cannot plan:\n  " + "\n  ".join(missing)
+                         + "\nname the stage that produces it, or run it first in this --run-dir")
+    for n in names:
+        for dep in BY_NAME[n].after_if_named:
+            if dep in specs:
+                first = specs[n][0]
+                last_of_dep = specs[dep][-1].name
+                if last_of_dep not in first.after:
+                    first.after.append(last_of_dep)
+    return _toposort([j for n in names for j in specs[n]])
+
+
+def _toposort(jobs: list[JobSpec]) -> list[JobSpec]:
+    """Kahn's algorithm, stable: among ready jobs keep the order the stages were listed in."""
+    by = {j.name: j for j in jobs}
+    done: set[str] = set()
+    out: list[JobSpec] = []
+    while len(out) < len(jobs):
+        ready = [j for j in jobs if j.name not in done and all(a in done or a not in by for a in j.after)]
+        if not ready:
+            raise StageError("cycle in the stage DAG: " + ", ".join(j.name for j in jobs if j.name not in done))
+        out.append(ready[0])
+        done.add(ready[0].name)
+    return out

@@ -1,0 +1,72 @@
+"""Typed configs the launcher reads: the recipe config and the cluster profile.
+
+Both are plain YAML files validated on load by :func:`hobson.config.load_config`: unknown keys
+are errors naming ``file:line``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hobson.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_RECIPE = REPO / "configs" / "recipe.yaml"
+DEFAULT_CLUSTER = REPO / "configs" / "cluster" / "default.yaml"
+
+
+@dataclass
+class CorpusOptions:
+    scale: float = 1.0  # multiplies every family's row count; 1.0 is the pinned embedded default
+    seed: int = 0
+    fetch_config: str = "configs/fetch.yaml"
+
+    def __post_init__(self) -> None:
+        if self.scale <= 0:
+            raise ConfigError(f"corpus.scale must be > 0, got {self.scale}")
+
+
+@dataclass
+class TeacherOptions:
+    model: str | None = None  # a local HF causal-LM directory; None builds the embedded tiny teacher
+    max_batch_tokens: int = 4096
+    max_batch_rows: int = 64
+    shards: int | None = None  # None: one shard per GPU (--ngpu)
+
+
+@dataclass
+class RecipeConfig:
+    corpus: CorpusOptions = field(default_factory=CorpusOptions)
+    teacher: TeacherOptions = field(default_factory=TeacherOptions)
+
+
+@dataclass
+class StageOverride:
+    time: str | None = None  # Slurm time limit, e.g. "02:00:00"
+    cpus: int | None = None
+    mem_gb: int | None = None
+
+
+@dataclass
+class ClusterProfile:
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    exclusive: bool = False
+    extra_sbatch: list[str] = field(default_factory=list)  # verbatim "#SBATCH" options, e.g. "--reservation=x"
+    setup: list[str] = field(default_factory=list)  # shell lines before each job (module load, venv)
+    python: str = "python"  # interpreter on the compute nodes
+    signal_seconds: int = 120  # --signal=B:USR2@N: time to checkpoint before the limit (USR1 is NCCL's)
+    max_restarts: int = 3  # requeues of a preempted or timed-out training job
+    stages: dict[str, StageOverride] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from hobson.config import config_from_dict
+
+        self.stages = {k: v if isinstance(v, StageOverride) else config_from_dict(v, StageOverride, f"stages.{k}")
+                       for k, v in self.stages.items()}
+        for line in self.extra_sbatch:
+            if not line.startswith("--"):
+                raise ConfigError(f"extra_sbatch entries are sbatch options like '--reservation=x', got {line!r}")

@@ -1,0 +1,348 @@
+#!/usr/bin/env python
+"""hobson's launcher: run the decider recipe's stages on the local machine, Slurm or one AWS host.
+
+    python launch/submit.py recipe build multistep teacher --ngpu 4
+    python launch/submit.py recipe all --dry-run --backend slurm --ngpu 8
+    python launch/submit.py status <run>        # also: logs, cancel, retry, verify
+
+A run is a directory (runs/<run-id>/ by default) holding run.json and stages.jsonl; every
+command after `recipe` re-attaches to a run from those files alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+_REPO = Path(__file__).resolve().parents[1]
+for _p in (str(_REPO / "src"), str(_REPO)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+from hobson.config import config_digest, load_config  # noqa: E402
+from hobson.errors import HobsonError  # noqa: E402
+from hobson.io import sha256_file  # noqa: E402
+from hobson.records import (  # noqa: E402
+    RunPaths,
+    latest_records,
+    new_run_id,
+    new_run_json,
+    read_run_json,
+    read_stage_records,
+    write_run_json,
+)
+from launch import dag  # noqa: E402
+from launch.backends.base import job_progress, recorded_present  # noqa: E402
+from launch.backends.local import LocalBackend  # noqa: E402
+from launch.backends.slurm import SlurmBackend  # noqa: E402
+from launch.options import DEFAULT_CLUSTER, DEFAULT_RECIPE, ClusterProfile, RecipeConfig  # noqa: E402
+
+BACKENDS = ("local", "slurm", "aws")
+
+
+def default_backend() -> str:
+    return "slurm" if shutil.which("sbatch") else "local"
+
+
+# ---------------------------------------------------------------------------------------------
+# recipe
+
+
+def _expected_rows(cfg: RecipeConfig):
+    """Row counts the embedded default corpus is known to have (None where not known)."""
+    default = cfg.corpus.scale == 1.0 and cfg.corpus.seed == 0
+    try:
+        from hobson.corpus import EXPECTED_ROWS
+    except ImportError:
+        EXPECTED_ROWS = {}
+
+    def rows(rel: str) -> int | None:
+        return EXPECTED_ROWS.get(rel.removeprefix("data/")) if default else None
+
+    return rows
+
+
+def _load_recipe(args: argparse.Namespace) -> tuple[RecipeConfig, ClusterProfile, dict[str, str]]:
+    cfg = load_config(args.config, RecipeConfig)
+    if args.scale is not None:
+        cfg.corpus.scale = args.scale
+    if args.seed is not None:
+        cfg.corpus.seed = args.seed
+    if args.teacher is not None:
+        cfg.teacher.model = str(Path(args.teacher).resolve())
+    prof = load_config(args.cluster, ClusterProfile)
+    if args.partition:
+        prof.partition = args.partition
+    if args.account:
+        prof.account = args.account
+    digests = {str(args.config): config_digest(args.config), str(args.cluster): config_digest(args.cluster)}
+    return cfg, prof, digests
+
+
+def cmd_recipe(args: argparse.Namespace) -> int:
+    cfg, prof, digests = _load_recipe(args)
+    backend = args.backend or default_backend()
+    run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / new_run_id()
+    paths = RunPaths.create(run_dir, args.logs_dir)
+    ctx = dag.PlanContext(run_dir=str(paths.run_dir), ngpu=args.ngpu, config=cfg,
+                          seed=cfg.corpus.seed, expected_rows=_expected_rows(cfg))
+    present = recorded_present(paths) if paths.run_json.exists() else (lambda rel: False)
+    jobs = dag.plan(args.stages, ctx, present)
+
+    if args.dry_run:
+        if backend == "slurm":
+            print(SlurmBackend(prof, args.ngpu).dry_run(jobs, paths))
+        else:
+            for j in jobs:
+                arr = f" [array {len(j.shards)} tasks, {j.throttle} at once]" if j.is_array else ""
+                print(f"# {j.name}{arr} after: {', '.join(j.after) or '-'}\n{j.command(str(paths.run_dir))}")
+        print(f"# dry run: {len(jobs)} jobs, nothing submitted", file=sys.stderr)
+        return 0
+
+    paths.run_dir.mkdir(parents=True, exist_ok=True)
+    options = {"stages": args.stages, "ngpu": args.ngpu, "config": str(args.config),
+               "cluster": str(args.cluster), "partition": prof.partition, "account": prof.account,
+               "scale": cfg.corpus.scale, "seed": cfg.corpus.seed, "teacher": cfg.teacher.model}
+    if paths.run_json.exists():
+        meta = read_run_json(paths)
+        meta.setdefault("invocations", []).append({"command": sys.argv, "options": options})
+    else:
+        meta = new_run_json(paths, argv=sys.argv, backend=backend, options=options, config_digests=digests)
+    write_run_json(paths, meta)
+    print(f"run {paths.run_dir.name}: {len(jobs)} jobs on the {backend} backend; record in {paths.run_dir}")
+
+    if backend == "local":
+        code = LocalBackend(args.ngpu).run(jobs, paths)
+    elif backend == "slurm":
+        raise HobsonError("submitting to Slurm is not available yet; use --dry-run to see the scripts, "
+                          "or --backend local")
+    else:
+        raise HobsonError("the aws backend is not available yet; use --backend local")
+    _print_where(paths, jobs, code)
+    return code
+
+
+def _print_where(paths: RunPaths, jobs: list[dag.JobSpec], code: int) -> None:
+    print()
+    print(f"{'finished' if code == 0 else f'stopped (exit {code})'}: run {paths.run_dir.name}")
+    print(f"  record : {paths.run_json}")
+    print(f"  stages : {paths.stages_jsonl}")
+    print(f"  logs   : {paths.logs_dir}")
+    outs = [o.split("=")[0] for j in jobs if not j.is_array for o in j.outputs]
+    for o in outs:
+        p = paths.abs(o)
+        if p.exists():
+            print(f"  output : {p}")
+    print(f"  status : python launch/submit.py status {paths.run_dir}")
+
+
+# ---------------------------------------------------------------------------------------------
+# status / logs / cancel / retry / verify
+
+
+def _short(h: str | None) -> str:
+    return h[:12] if h else "-"
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    paths = RunPaths.attach(args.run)
+    meta = read_run_json(paths)
+    records = read_stage_records(paths)
+    latest = latest_records(records)
+    alive = LocalBackend.launcher_alive(meta) if meta.get("backend") == "local" else False
+    print(f"run {meta['run_id']}  backend {meta['backend']}  created {meta['created_utc']}  "
+          f"git {(meta['git'].get('revision') or '-')[:12]}{' (dirty)' if meta['git'].get('dirty') else ''}")
+    print(f"{'stage':<18} {'shard':>5} {'state':<10} {'wall_s':>8} {'gpus':>4} {'exit':>4}  "
+          f"{'rows':>8} {'sha256':<12}  output")
+    seen = set()
+    for sub in meta.get("submissions", []):
+        name = sub["job"]
+        if name in seen:
+            continue
+        seen.add(name)
+        keys = sorted((k for k in latest if k[0] == name), key=lambda k: (k[1] is not None, k[1] or 0))
+        shown = keys if (args.shards or len(keys) <= 16) else [k for k in keys if latest[k]["status"] != "ok"]
+        if not keys:
+            state = "running" if alive else "not run"
+            print(f"{name:<18} {'-':>5} {state:<10}")
+        for k in shown:
+            r = latest[k]
+            outs = r.get("outputs") or [{}]
+            first = outs[0]
+            shard = "-" if r.get("shard") is None else str(r["shard"])
+            print(f"{name:<18} {shard:>5} {r['status']:<10} {r.get('wall_s', 0):>8.1f} {r.get('gpus') or 0:>4} "
+                  f"{r.get('exit_code', '-')!s:>4}  {first.get('rows') if first.get('rows') is not None else '-':>8} "
+                  f"{_short(first.get('sha256')):<12}  {first.get('path', r.get('error', ''))}")
+            for o in outs[1:]:
+                print(f"{'':<18} {'':>5} {'':<10} {'':>8} {'':>4} {'':>4}  "
+                      f"{o.get('rows') if o.get('rows') is not None else '-':>8} {_short(o.get('sha256')):<12}  "
+                      f"{o['path']}")
+        if len(shown) < len(keys):
+            ok = sum(1 for k in keys if latest[k]["status"] == "ok")
+            print(f"{name:<18} {'':>5} {ok}/{len(keys)} shards ok (pass --shards to list them all)")
+    if alive:
+        print("the local launcher is still running")
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    paths = RunPaths.attach(args.run)
+    if args.stage is None:
+        for p in sorted(paths.logs_dir.glob("*.log")):
+            print(p)
+        return 0
+    log = paths.log(args.stage, args.task)
+    if not log.exists():
+        raise HobsonError(f"no log {log}; logs of this run: "
+                          + ", ".join(p.name for p in sorted(paths.logs_dir.glob('*.log'))))
+    with open(log, errors="replace") as f:
+        sys.stdout.write(f.read())
+        while args.follow:
+            line = f.readline()
+            if line:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            else:
+                time.sleep(0.5)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    paths = RunPaths.attach(args.run)
+    meta = read_run_json(paths)
+    if meta["backend"] == "local":
+        print(LocalBackend.cancel(paths))
+        return 0
+    raise HobsonError(f"cancel is not available for the {meta['backend']} backend yet")
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    """Re-plan the run's stages; finished jobs and shards are skipped by their recorded digests."""
+    paths = RunPaths.attach(args.run)
+    meta = read_run_json(paths)
+    opts = meta["options"]
+    ns = argparse.Namespace(
+        stages=opts["stages"], ngpu=opts["ngpu"], config=Path(opts["config"]), cluster=Path(opts["cluster"]),
+        partition=opts.get("partition"), account=opts.get("account"), scale=opts.get("scale"),
+        seed=opts.get("seed"), teacher=opts.get("teacher"), backend=meta["backend"], run_dir=str(paths.run_dir),
+        logs_dir=str(paths.logs_dir.parent), dry_run=args.dry_run,
+    )
+    cfg, _, _ = _load_recipe(ns)
+    ctx = dag.PlanContext(run_dir=str(paths.run_dir), ngpu=ns.ngpu, config=cfg, seed=cfg.corpus.seed,
+                          expected_rows=_expected_rows(cfg))
+    jobs = dag.plan(ns.stages, ctx, recorded_present(paths))
+    records = read_stage_records(paths)
+    todo = [j.name for j in jobs if not job_progress(j, paths, records).done]
+    print(f"retry {paths.run_dir.name}: " + (", ".join(todo) if todo else "nothing left to run"))
+    if not todo:
+        return 0
+    return cmd_recipe(ns)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    paths = RunPaths.attach(args.run)
+    expected: dict[str, tuple[str, str]] = {}
+    for r in read_stage_records(paths):
+        if r.get("status") != "ok":
+            continue
+        for o in r.get("outputs") or []:
+            if o.get("sha256"):
+                expected[o["path"]] = (o["sha256"], r["stage"])
+    bad = 0
+    for rel, (digest, stage) in sorted(expected.items()):
+        p = paths.abs(rel)
+        if not p.exists():
+            print(f"MISSING  {rel} (stage {stage})")
+            bad += 1
+            continue
+        actual = sha256_file(p)
+        if actual != digest:
+            print(f"CHANGED  {rel} (stage {stage}): recorded {digest}, now {actual}")
+            bad += 1
+        elif args.verbose:
+            print(f"ok       {rel}")
+    print(f"verify {paths.run_dir.name}: {len(expected) - bad}/{len(expected)} outputs match their record"
+          + ("" if not bad else f"; {bad} differ"))
+    return 1 if bad else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python launch/submit.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    r = sub.add_parser("recipe", help="run the named stages of the decider recipe (or 'all') in DAG order",
+                       description="Run exactly the named stages, in DAG order. Stages: "
+                       + ", ".join(f"{s.name} ({s.help})" for s in dag.STAGES)
+                       + ". 'all' = " + " ".join(dag.ALL) + ".")
+    r.add_argument("stages", nargs="+", metavar="STAGE", help="stage names, or 'all'")
+    r.add_argument("--backend", choices=BACKENDS, default=None,
+                   help="where jobs run (default: slurm when sbatch is on PATH, else local)")
+    r.add_argument("--ngpu", type=int, default=1,
+                   help="GPUs to use: array stages run this many tasks at once, one GPU each (default 1)")
+    r.add_argument("--run-dir", default=None,
+                   help="run directory; reuse one to continue a run (default runs/<new run id>)")
+    r.add_argument("--logs-dir", default=None,
+                   help="root for logs; the run logs to <root>/<run-id>/ (default ./logs)")
+    r.add_argument("--config", type=Path, default=DEFAULT_RECIPE,
+                   help=f"recipe config YAML (default {DEFAULT_RECIPE.relative_to(_REPO)})")
+    r.add_argument("--cluster", type=Path, default=DEFAULT_CLUSTER,
+                   help="cluster profile YAML under configs/cluster/: partition, account, qos, constraint, "
+                        "time limits per stage, extra #SBATCH lines")
+    r.add_argument("--partition", default=None, help="Slurm partition (overrides the cluster profile)")
+    r.add_argument("--account", default=None, help="Slurm account (overrides the cluster profile)")
+    r.add_argument("--dry-run", action="store_true",
+                   help="print every job that would be submitted (sbatch scripts for slurm) and submit nothing")
+    r.add_argument("--seed", type=int, default=None, help="corpus generator seed (overrides corpus.seed)")
+    r.add_argument("--scale", type=float, default=None,
+                   help="corpus size multiplier (overrides corpus.scale; 1.0 is the pinned default)")
+    r.add_argument("--teacher", default=None,
+                   help="local HF causal-LM directory for the teacher (default: the embedded tiny teacher)")
+    r.set_defaults(fn=cmd_recipe)
+
+    s = sub.add_parser("status", help="each stage of a run with state, wall time, rows and sha256")
+    s.add_argument("run", help="run directory or run id")
+    s.add_argument("--shards", action="store_true", help="list every shard of large arrays")
+    s.set_defaults(fn=cmd_status)
+
+    lg = sub.add_parser("logs", help="print a stage's log (no stage: list the run's logs)")
+    lg.add_argument("run", help="run directory or run id")
+    lg.add_argument("stage", nargs="?", help="job name as status shows it, e.g. teacher or teacher-merge")
+    lg.add_argument("--task", type=int, default=None, help="array task index")
+    lg.add_argument("-f", "--follow", action="store_true", help="keep printing as the log grows")
+    lg.set_defaults(fn=cmd_logs)
+
+    c = sub.add_parser("cancel", help="stop a run's jobs")
+    c.add_argument("run", help="run directory or run id")
+    c.set_defaults(fn=cmd_cancel)
+
+    rt = sub.add_parser("retry", help="resubmit only what did not finish (missing shards, failed stages)")
+    rt.add_argument("run", help="run directory or run id")
+    rt.add_argument("--dry-run", action="store_true", help="print what would be resubmitted")
+    rt.set_defaults(fn=cmd_retry)
+
+    v = sub.add_parser("verify", help="re-hash every output of a run against its record")
+    v.add_argument("run", help="run directory or run id")
+    v.add_argument("-v", "--verbose", action="store_true", help="also list outputs that match")
+    v.set_defaults(fn=cmd_verify)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except HobsonError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

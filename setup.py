@@ -1,0 +1,42 @@
+"""hobson: a Slurm HPC batch-script suite with a Python launcher for training language models.
+
+Ranges, not pins: GPU images bring their own torch. On a CPU machine install
+``torch==2.13.0`` first (the CPU wheel on disk) and repeat that pin in every later pip
+command so nothing pulls a multi-GB CUDA build (the README's set-up command does this).
+"""
+
+from setuptools import find_packages, setup
+
+CORE = [
+    "torch>=2.7",
+    "numpy>=1.24",
+    "pyyaml>=6.0",
+    "tqdm>=4.60",
+    "safetensors>=0.4",
+    "tokenizers>=0.20",
+    "transformers>=4.56",
+    "matplotlib>=3.7",
+    "submitit>=1.5",
+]
+TRAIN = ["peft>=0.13", "accelerate>=1.0"]
+RL = ["deepspeed>=0.15", "math-verify>=0.7"]
+AWS = ["boto3>=1.34"]
+DEV = ["pytest>=8", "ruff>=0.6", "moto[server]>=5.0"]
+
+setup(
+    name="hobson",
+    version="0.1.0",
+    description="Slurm batch-script suite with a Python launcher for LM training recipes and RL",
+    python_requires=">=3.10",
+    package_dir={"": "src"},
+    packages=find_packages("src"),
+    include_package_data=True,
+    install_requires=CORE,
+    extras_require={
+        "train": TRAIN,
+        "rl": RL,
+        "aws": AWS,
+        "dev": DEV + TRAIN + AWS,
+        "all": TRAIN + RL + AWS + DEV,
+    },
+)

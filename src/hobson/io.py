@@ -1,0 +1,88 @@
+"""Atomic writes, digests and JSONL reading with ``file:line`` errors.
+
+Every output in hobson is written through :func:`atomic_write` (temp file in the same
+directory, fsync, rename) so a failed or killed stage never leaves a half-written file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from hobson.errors import DataError
+
+_CHUNK = 1 << 20
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO[Any]]:
+    """Open a temp file beside ``path``; rename it over ``path`` only if the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": "\n"})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    with atomic_write(path) as f:
+        f.write(text)
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def count_lines(path: str | os.PathLike) -> int:
+    n = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            n += chunk.count(b"\n")
+    return n
+
+
+def dumps_row(row: Any) -> str:
+    """The one JSONL serialisation: compact, key order as given, UTF-8, no trailing spaces."""
+    return json.dumps(row, ensure_ascii=False, separators=(", ", ": "))
+
+
+def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
+    """Yield ``(line_number, object)``; a line that is not JSON raises ``file:line: ...``."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                raise DataError(f"{path}:{lineno}: empty line")
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
+
+
+def read_jsonl(path: str | os.PathLike) -> list[Any]:
+    return [obj for _, obj in iter_jsonl(path)]

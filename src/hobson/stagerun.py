@@ -1,0 +1,126 @@
+"""Run one stage (or one array task) and record it: ``python -m hobson.stagerun``.
+
+Every backend runs a stage through this wrapper, so the record is the same whoever ran it:
+start/end UTC, wall seconds, GPUs, exit code, and for each declared output its row count,
+expected rows (OK/FAIL) and sha256. The stage's own code never sees the record or the
+backend: it is ``jobs.<job>.main(argv)``.
+
+    python -m hobson.stagerun --run-dir R --stage teacher --job teacher \\
+        --shards 0-7 --output labels/teacher.shard{shard}of8.jsonl -- --corpus ... --shard {shard}
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from hobson.io import count_lines, sha256_file
+from hobson.records import RunPaths, append_stage_record, utc_now
+from hobson.shards import parse_spec, task_shard
+
+
+def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    if "--" in argv:
+        i = argv.index("--")
+        own, job_args = argv[:i], argv[i + 1 :]
+    else:
+        own, job_args = argv, []
+    p = argparse.ArgumentParser(prog="python -m hobson.stagerun", description=__doc__.split("\n")[0])
+    p.add_argument("--run-dir", required=True, help="the run directory (holds stages.jsonl)")
+    p.add_argument("--stage", required=True, help="stage name as the DAG names it")
+    p.add_argument("--job", required=True, help="entry point: runs jobs.<JOB>.main(job args)")
+    p.add_argument("--shards", default=None,
+                   help="array stages: the shard list; task k (HOBSON_ARRAY_TASK) runs shards[k]")
+    p.add_argument("--gpus", type=int, default=0, help="GPUs this task holds (recorded)")
+    p.add_argument("--cpus", type=int, default=None, help="torch threads (recorded)")
+    p.add_argument("--output", action="append", default=[],
+                   help="REL[=ROWS]: an output relative to the run dir, with the row count expected")
+    return p.parse_args(own), job_args
+
+
+def _describe_output(paths: RunPaths, spec: str) -> dict:
+    rel, _, expected = spec.partition("=")
+    path = paths.abs(rel)
+    entry: dict = {"path": rel, "expected_rows": int(expected) if expected else None}
+    if not path.exists():
+        entry.update(rows=None, sha256=None, ok=False, error="missing")
+        return entry
+    rows = count_lines(path) if path.suffix == ".jsonl" else None
+    entry.update(rows=rows, sha256=sha256_file(path))
+    entry["ok"] = entry["expected_rows"] is None or rows == entry["expected_rows"]
+    return entry
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, job_args = _parse(list(sys.argv[1:] if argv is None else argv))
+    run_dir = Path(args.run_dir).resolve()
+    paths = RunPaths(run_dir, run_dir)  # the wrapper writes only the record; logs are the backend's
+    shard = task_shard(parse_spec(args.shards), None) if args.shards else None
+    task = int(os.environ["HOBSON_ARRAY_TASK"]) if args.shards and "HOBSON_ARRAY_TASK" in os.environ else None
+    # The job sees the same (possibly narrowed, on retry) shard list as this wrapper.
+    subst = ((lambda s: s.replace("{shards}", args.shards).replace("{shard}", str(shard)))
+             if shard is not None else (lambda s: s))
+    job_args = [subst(a) for a in job_args]
+    outputs = [subst(o) for o in args.output]
+    if args.cpus:
+        import torch  # set before the stage builds anything, so results match across backends
+
+        torch.set_num_threads(args.cpus)
+
+    start, t0 = utc_now(), time.monotonic()
+    print(f"[hobson] stage {args.stage}" + (f" shard {shard} (task {task})" if shard is not None else "")
+          + f" on {os.environ.get('SLURMD_NODENAME') or socket.gethostname()} at {start}", flush=True)
+    error = None
+    try:
+        # A dotted name is a module path (tests run their own small jobs); else jobs.<job>.
+        module = importlib.import_module(args.job if "." in args.job else f"jobs.{args.job}")
+        code = module.main(job_args) or 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if e.code not in (None, 0) and not isinstance(e.code, int):
+            error = str(e.code)
+            print(f"error: {e.code}", file=sys.stderr)
+    except KeyboardInterrupt:
+        code, error = 130, "interrupted"
+    except Exception as e:  # the record must say why; the traceback goes to the log
+        from hobson.errors import HobsonError
+
+        code, error = 1, f"{type(e).__name__}: {e}"
+        if isinstance(e, HobsonError):
+            print(f"error: {e}", file=sys.stderr)
+        else:
+            traceback.print_exc()
+    wall = time.monotonic() - t0
+    record = {
+        "stage": args.stage, "shard": shard, "task": task,
+        "start_utc": start, "end_utc": utc_now(), "wall_s": round(wall, 3),
+        "gpus": args.gpus, "cpus": args.cpus, "exit_code": code,
+        "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+        "job_id": os.environ.get("SLURM_JOB_ID"), "pid": os.getpid(),
+    }
+    if code == 0:
+        record["outputs"] = [_describe_output(paths, o) for o in outputs]
+        bad = [o for o in record["outputs"] if not o["ok"]]
+        for o in record["outputs"]:
+            rows = "" if o["rows"] is None else f" {o['rows']} rows"
+            exp = "" if o["expected_rows"] is None else f" (expected {o['expected_rows']})"
+            print(f"[hobson]   {'OK  ' if o['ok'] else 'FAIL'} {o['path']}{rows}{exp}", flush=True)
+        if bad:
+            code = record["exit_code"] = 3
+            error = "; ".join(f"{o['path']}: {o.get('error') or 'rows ' + str(o['rows'])}" for o in bad)
+    if error:
+        record["error"] = error[-2000:]
+    record["status"] = "ok" if code == 0 else "failed"
+    append_stage_record(paths, record)
+    print(f"[hobson] stage {args.stage} {record['status']} (exit {code}) in {wall:.1f}s", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

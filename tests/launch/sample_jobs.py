@@ -1,0 +1,38 @@
+"""A small real job for backend tests: writes what it was given and what it saw of its environment."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from hobson.io import write_json_atomic
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--shard", type=int, default=None)
+    p.add_argument("--fail-shard", type=int, default=None)
+    p.add_argument("--sleep", type=float, default=0.0)
+    a = p.parse_args(argv)
+    time.sleep(a.sleep)
+    if a.shard is not None and a.shard == a.fail_shard and not os.path.exists(a.out + ".allow"):
+        print(f"injected failure in shard {a.shard}", file=sys.stderr)
+        return 7
+    import torch
+
+    write_json_atomic(a.out, {
+        "shard": a.shard, "task": os.environ.get("HOBSON_ARRAY_TASK"),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "omp": os.environ.get("OMP_NUM_THREADS"), "torch_threads": torch.get_num_threads(),
+        "slurm_leak": sorted(k for k in os.environ if k.startswith("SLURM_") and k != "SLURM_CONF"),
+        "t": time.time(),
+    })
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

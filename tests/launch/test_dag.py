@@ -1,0 +1,55 @@
+import pytest
+
+from hobson.errors import StageError
+from launch import dag
+from launch.options import RecipeConfig
+
+
+def ctx(ngpu=4, rows=None):
+    return dag.PlanContext(run_dir="/r", ngpu=ngpu, config=RecipeConfig(), seed=0,
+                           expected_rows=lambda rel: rows)
+
+
+def test_named_stages_run_in_dag_order_with_derived_dependencies():
+    jobs = dag.plan(["teacher", "multistep", "build"], ctx(), present=lambda rel: False)
+    names = [j.name for j in jobs]
+    assert names.index("multistep") < names.index("teacher") < names.index("teacher-merge")
+    merge = jobs[names.index("teacher-merge")]
+    assert "teacher" in merge.after and "build" in merge.after
+    assert jobs[names.index("teacher")].after == ["multistep"]
+
+
+def test_teacher_is_an_array_of_ngpu_whole_batch_shards():
+    jobs = {j.name: j for j in dag.plan(["build", "multistep", "teacher"], ctx(ngpu=4), lambda rel: False)}
+    t = jobs["teacher"]
+    assert t.shards == [0, 1, 2, 3] and t.num_shards == 4 and t.throttle == 4
+    assert t.resources.gpus == 1
+    assert "labels/teacher.shard{shard}of4.jsonl" in t.outputs
+
+
+def test_missing_input_is_refused_naming_it():
+    with pytest.raises(StageError, match="data/multistep/train.jsonl"):
+        dag.plan(["teacher"], ctx(), present=lambda rel: False)
+
+
+def test_present_input_with_recorded_digest_is_accepted():
+    jobs = dag.plan(["teacher"], ctx(), present=lambda rel: True)
+    assert [j.name for j in jobs] == ["teacher", "teacher-merge"]
+    assert jobs[0].after == []
+
+
+def test_unknown_stage_lists_the_stages():
+    with pytest.raises(StageError, match="unknown stage 'teach'.*teacher"):
+        dag.plan(["teach"], ctx(), present=lambda rel: False)
+
+
+def test_all_expands_to_every_stage_once():
+    jobs = dag.plan(["all", "build"], ctx(), present=lambda rel: False)
+    assert sorted({j.stage for j in jobs}) == sorted(dag.ALL)
+    assert len({j.name for j in jobs}) == len(jobs)
+
+
+def test_expected_rows_are_declared_on_outputs():
+    jobs = {j.name: j for j in dag.plan(["all"], ctx(rows=7), lambda rel: False)}
+    assert "data/build/train.jsonl=7" in jobs["build"].outputs
+    assert "labels/teacher.jsonl=7" in jobs["teacher-merge"].outputs

@@ -1,0 +1,46 @@
+"""The Slurm dry-run of `recipe all --ngpu 8` is kept as a golden file (run-specific paths normalised)."""
+
+import os
+import re
+from pathlib import Path
+
+from tests.conftest import REPO
+
+GOLDEN = REPO / "tests" / "golden" / "recipe_all_ngpu8.sbatch"
+
+
+def normalise(text: str, run_dir: Path, logs: Path) -> str:
+    text = text.replace(str(run_dir), "$RUN_DIR").replace(str(logs), "$LOGS").replace(str(REPO), "$REPO")
+    return text.replace(f"hobson-{run_dir.name}-", "hobson-$RUN_ID-")
+
+
+def test_dry_run_matches_golden(cli, tmp_path):
+    run_dir = tmp_path / "run-x"
+    out = cli("recipe", "all", "--dry-run", "--backend", "slurm", "--ngpu", "8", "--run-dir", str(run_dir),
+              "--logs-dir", str(tmp_path / "logs")).stdout
+    text = normalise(out, run_dir.resolve(), (tmp_path / "logs" / "run-x").resolve())
+    assert not run_dir.exists(), "a dry run must create nothing"
+    if os.environ.get("HOBSON_UPDATE_GOLDEN"):
+        GOLDEN.write_text(text)
+    assert GOLDEN.exists(), f"missing golden file; create it with: HOBSON_UPDATE_GOLDEN=1 pytest {__file__}"
+    assert text == GOLDEN.read_text(), (
+        f"dry-run differs from {GOLDEN}; if the change is intended refresh it with:\n"
+        f"  rm {GOLDEN} && HOBSON_UPDATE_GOLDEN=1 python -m pytest {__file__}")
+
+
+def test_dry_run_has_the_teacher_array_and_its_merge(cli, tmp_path):
+    out = cli("recipe", "all", "--dry-run", "--backend", "slurm", "--ngpu", "8",
+              "--run-dir", str(tmp_path / "r")).stdout
+    jobs = out.split("# ===== job ")[1:]
+    by_name = {j.split(":", 1)[1].split("(")[0].strip(): j for j in jobs}
+    teacher, merge = by_name["teacher"], by_name["teacher-merge"]
+    assert "#SBATCH --array=0-7%8" in teacher
+    assert "#SBATCH --gpus-per-node=1" in teacher
+    assert re.search(r"#SBATCH --dependency=afterok:\{job:teacher\}", merge)
+    order = list(by_name)
+    for name, body in by_name.items():
+        m = re.search(r"#SBATCH --dependency=afterok:(\S+)", body)
+        if m:
+            assert "#SBATCH --kill-on-invalid-dep=yes" in body
+            for dep in re.findall(r"\{job:([\w-]+)\}", m.group(1)):
+                assert order.index(dep) < order.index(name), f"{name} depends on later job {dep}"

@@ -13,7 +13,7 @@ from launch.dag import JobSpec
 
 # Variables a submitting Slurm job would leak into the jobs it submits (submitit's complaint):
 # a nested sbatch would otherwise inherit the outer allocation's ids and limits.
-_SCRUB_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "PMIX_", "PMI_")
+_SCRUB_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "PMIX_", "PMI_")
 _KEEP = {"SLURM_CONF"}
 
 

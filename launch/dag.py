@@ -201,11 +201,12 @@ def expand_stage_names(names: list[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def plan(names: list[str], ctx: PlanContext, present: Callable[[str], bool]) -> list[JobSpec]:
+def plan(names: list[str], ctx: PlanContext, absent: Callable[[str], str | None]) -> list[JobSpec]:
     """Concrete jobs for the named stages, in DAG order.
 
-    ``present(rel)`` says whether an input already exists with its recorded digest. An input
-    neither produced by a named stage nor present is refused, naming it.
+    ``absent(rel)`` is None when an input already exists with its recorded digest, else the
+    reason it is not usable. An input neither produced by a named stage nor present is refused,
+    naming it and the reason.
     """
     names = expand_stage_names(names)
     specs = {n: BY_NAME[n].jobs(ctx) for n in names}
@@ -221,9 +222,8 @@ def plan(names: list[str], ctx: PlanContext, present: Callable[[str], bool]) -> 
                 if i in producer:
                     if producer[i] not in j.after:
                         j.after.append(producer[i])
-                elif not present(i):
-                    missing.append(f"{j.stage}: needs {i}, which no named stage produces and the run does "
-                                   f"not hold with a recorded digest")
+                elif (why := absent(i)) is not None:
+                    missing.append(f"{j.stage}: needs {i}: {why}")
     if missing:
         raise StageError("cannot plan:\n  " + "\n  ".join(missing)
                          + "\nname the stage that produces it, or run it first in this --run-dir")

@@ -27,15 +27,14 @@ from hobson.errors import HobsonError  # noqa: E402
 from hobson.io import sha256_file  # noqa: E402
 from hobson.records import (  # noqa: E402
     RunPaths,
-    latest_records,
     new_run_id,
     new_run_json,
     read_run_json,
     read_stage_records,
     write_run_json,
 )
-from launch import dag  # noqa: E402
-from launch.backends.base import job_progress, recorded_present  # noqa: E402
+from launch import dag, status  # noqa: E402
+from launch.backends.base import job_progress, recorded_absence  # noqa: E402
 from launch.backends.local import LocalBackend  # noqa: E402
 from launch.backends.slurm import SlurmBackend  # noqa: E402
 from launch.options import DEFAULT_CLUSTER, DEFAULT_RECIPE, ClusterProfile, RecipeConfig  # noqa: E402
@@ -89,8 +88,8 @@ def cmd_recipe(args: argparse.Namespace) -> int:
     paths = RunPaths.create(run_dir, args.logs_dir)
     ctx = dag.PlanContext(run_dir=str(paths.run_dir), ngpu=args.ngpu, config=cfg,
                           seed=cfg.corpus.seed, expected_rows=_expected_rows(cfg))
-    present = recorded_present(paths) if paths.run_json.exists() else (lambda rel: False)
-    jobs = dag.plan(args.stages, ctx, present)
+    absent = recorded_absence(paths) if paths.run_json.exists() else (lambda rel: "no named stage produces it")
+    jobs = dag.plan(args.stages, ctx, absent)
 
     if args.dry_run:
         if backend == "slurm":
@@ -117,8 +116,11 @@ def cmd_recipe(args: argparse.Namespace) -> int:
     if backend == "local":
         code = LocalBackend(args.ngpu).run(jobs, paths)
     elif backend == "slurm":
-        raise HobsonError("submitting to Slurm is not available yet; use --dry-run to see the scripts, "
-                          "or --backend local")
+        ids = SlurmBackend(prof, args.ngpu).submit(jobs, paths)
+        print(f"submitted {sum(len(v) for v in ids.values())} Slurm jobs for run {paths.run_dir.name}: "
+              + ", ".join(f"{k}={'+'.join(v)}" for k, v in ids.items()))
+        print(f"  status : python launch/submit.py status {paths.run_dir}")
+        return 0
     else:
         raise HobsonError("the aws backend is not available yet; use --backend local")
     _print_where(paths, jobs, code)
@@ -143,48 +145,9 @@ def _print_where(paths: RunPaths, jobs: list[dag.JobSpec], code: int) -> None:
 # status / logs / cancel / retry / verify
 
 
-def _short(h: str | None) -> str:
-    return h[:12] if h else "-"
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     paths = RunPaths.attach(args.run)
-    meta = read_run_json(paths)
-    records = read_stage_records(paths)
-    latest = latest_records(records)
-    alive = LocalBackend.launcher_alive(meta) if meta.get("backend") == "local" else False
-    print(f"run {meta['run_id']}  backend {meta['backend']}  created {meta['created_utc']}  "
-          f"git {(meta['git'].get('revision') or '-')[:12]}{' (dirty)' if meta['git'].get('dirty') else ''}")
-    print(f"{'stage':<18} {'shard':>5} {'state':<10} {'wall_s':>8} {'gpus':>4} {'exit':>4}  "
-          f"{'rows':>8} {'sha256':<12}  output")
-    seen = set()
-    for sub in meta.get("submissions", []):
-        name = sub["job"]
-        if name in seen:
-            continue
-        seen.add(name)
-        keys = sorted((k for k in latest if k[0] == name), key=lambda k: (k[1] is not None, k[1] or 0))
-        shown = keys if (args.shards or len(keys) <= 16) else [k for k in keys if latest[k]["status"] != "ok"]
-        if not keys:
-            state = "running" if alive else "not run"
-            print(f"{name:<18} {'-':>5} {state:<10}")
-        for k in shown:
-            r = latest[k]
-            outs = r.get("outputs") or [{}]
-            first = outs[0]
-            shard = "-" if r.get("shard") is None else str(r["shard"])
-            print(f"{name:<18} {shard:>5} {r['status']:<10} {r.get('wall_s', 0):>8.1f} {r.get('gpus') or 0:>4} "
-                  f"{r.get('exit_code', '-')!s:>4}  {first.get('rows') if first.get('rows') is not None else '-':>8} "
-                  f"{_short(first.get('sha256')):<12}  {first.get('path', r.get('error', ''))}")
-            for o in outs[1:]:
-                print(f"{'':<18} {'':>5} {'':<10} {'':>8} {'':>4} {'':>4}  "
-                      f"{o.get('rows') if o.get('rows') is not None else '-':>8} {_short(o.get('sha256')):<12}  "
-                      f"{o['path']}")
-        if len(shown) < len(keys):
-            ok = sum(1 for k in keys if latest[k]["status"] == "ok")
-            print(f"{name:<18} {'':>5} {ok}/{len(keys)} shards ok (pass --shards to list them all)")
-    if alive:
-        print("the local launcher is still running")
+    print(status.render(paths, all_shards=args.shards))
     return 0
 
 
@@ -216,6 +179,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     if meta["backend"] == "local":
         print(LocalBackend.cancel(paths))
         return 0
+    if meta["backend"] == "slurm":
+        prof = load_config(meta["options"]["cluster"], ClusterProfile)
+        print(SlurmBackend(prof, meta["options"]["ngpu"]).cancel(paths))
+        return 0
     raise HobsonError(f"cancel is not available for the {meta['backend']} backend yet")
 
 
@@ -233,7 +200,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
     cfg, _, _ = _load_recipe(ns)
     ctx = dag.PlanContext(run_dir=str(paths.run_dir), ngpu=ns.ngpu, config=cfg, seed=cfg.corpus.seed,
                           expected_rows=_expected_rows(cfg))
-    jobs = dag.plan(ns.stages, ctx, recorded_present(paths))
+    jobs = dag.plan(ns.stages, ctx, recorded_absence(paths))
     records = read_stage_records(paths)
     todo = [j.name for j in jobs if not job_progress(j, paths, records).done]
     print(f"retry {paths.run_dir.name}: " + (", ".join(todo) if todo else "nothing left to run"))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,19 +70,26 @@ def job_progress(job: JobSpec, paths: RunPaths, records: list[dict] | None = Non
     return Progress(not pending, pending)
 
 
-def recorded_present(paths: RunPaths) -> callable:
-    """``present(rel)``: the file exists and matches the digest the run recorded for it."""
+def recorded_absence(paths: RunPaths) -> Callable[[str], str | None]:
+    """``absent(rel)``: None when the file exists with the digest the run recorded, else why not."""
     digests: dict[str, str] = {}
     for r in read_stage_records(paths):
         for o in r.get("outputs") or []:
             if o.get("sha256"):
                 digests[o["path"]] = o["sha256"]
 
-    def present(rel: str) -> bool:
+    def absent(rel: str) -> str | None:
         p = paths.abs(rel)
-        return rel in digests and p.exists() and sha256_file(p) == digests[rel]
+        if rel not in digests:
+            return "no named stage produces it and the run has no record of it"
+        if not p.exists():
+            return f"the run recorded it but {p} is missing"
+        actual = sha256_file(p)
+        if actual != digests[rel]:
+            return f"{p} differs from its record (recorded sha256 {digests[rel]}, now {actual})"
+        return None
 
-    return present
+    return absent
 
 
 def tail(path: Path, n: int = 40) -> str:

@@ -78,7 +78,7 @@ class LocalBackend:
         if job.is_array and shards != job.shards:
             echo(f"[{job.name}] {len(job.shards) - len(shards)} shards already done; running shards "
                  f"{format_spec(shards)}")
-        sub = {"job": job.name, "backend": "local", "submitted_utc": utc_now()}
+        sub = {"job": job.name, "backend": "local", "attempt": utc_now()}
         if shards is not None:
             sub.update(shards=format_spec(shards), tasks=len(shards))
         meta.setdefault("submissions", []).append(sub)

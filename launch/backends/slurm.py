@@ -4,18 +4,67 @@ Array stages become ``--array=0-(n-1)%throttle`` whose task k runs shard ``shard
 submits only the missing shards as a new, smaller array). Dependencies are ``afterok`` with
 ``--kill-on-invalid-dep=yes``, so a failed stage cancels its dependents instead of leaving
 them pending forever. ``--dry-run`` prints the scripts exactly as they would be submitted, with
-``{job:<name>}`` standing for the job ids that submission would fill in.
+``{job:<name>}`` standing for the job ids that submission fills in.
+
+Submission goes through submitit's executor (its sbatch call, job-id parsing and job folder),
+with the script text replaced by ours, so what is submitted is byte for byte what we render.
+Arrays longer than the cluster's ``MaxArraySize`` are split into several arrays; a job that
+depends on the array waits for all of them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
-from hobson.records import REPO_ROOT, RunPaths
+from hobson.errors import HobsonError
+from hobson.records import REPO_ROOT, RunPaths, read_run_json, utc_now, write_run_json
 from hobson.shards import format_spec
+from launch.backends.base import job_progress, scrubbed_environ
 from launch.dag import JobSpec
 from launch.options import ClusterProfile
 from launch.sbatch import render_sbatch
+
+
+def _executor_class():
+    import submitit
+
+    class ScriptExecutor(submitit.SlurmExecutor):
+        """submitit's Slurm executor submitting a script we rendered instead of its pickling one."""
+
+        def _make_submission_file_text(self, command: str, uid: str) -> str:
+            return command
+
+        def _num_tasks(self) -> int:
+            return 1
+
+    return ScriptExecutor
+
+
+@contextlib.contextmanager
+def _scrubbed_os_environ() -> Iterator[None]:
+    """sbatch exports the caller's environment; drop a surrounding job's SLURM_* ids and limits."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(scrubbed_environ(saved))
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def max_array_size() -> int:
+    """``MaxArraySize`` from ``scontrol show config`` (task ids run 0..MaxArraySize-1)."""
+    out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=False).stdout
+    for line in out.splitlines():
+        if line.strip().startswith("MaxArraySize"):
+            return int(line.split("=", 1)[1].strip())
+    return 1001  # Slurm's documented default
 
 
 class SlurmBackend:
@@ -25,15 +74,22 @@ class SlurmBackend:
         self.profile = profile
         self.ngpu = ngpu
 
-    def render(self, job: JobSpec, paths: RunPaths, dep_ids: dict[str, str],
+    # ----------------------------------------------------------------------------------------
+    # rendering
+
+    def render(self, job: JobSpec, paths: RunPaths, dep_ids: dict[str, list[str]] | None = None,
                shards: list[int] | None = None) -> str:
-        """The sbatch script for ``job``; ``shards`` narrows an array to the ones still missing."""
+        """The sbatch script for ``job``; ``shards`` narrows an array (a retry, or one split part).
+
+        ``dep_ids`` maps the jobs submitted so far to their Slurm ids; a dependency missing from
+        it finished earlier (no edge needed). ``None`` renders ``{job:<name>}`` placeholders.
+        """
         prof = self.profile
         over = prof.stages.get(job.stage)
         res = job.resources
-        cpus = (over.cpus if over and over.cpus else res.cpus)
-        mem_gb = (over.mem_gb if over and over.mem_gb else res.mem_gb)
-        time_limit = (over.time if over and over.time else res.time)
+        cpus = over.cpus if over and over.cpus else res.cpus
+        mem_gb = over.mem_gb if over and over.mem_gb else res.mem_gb
+        time_limit = over.time if over and over.time else res.time
         argv = job.stagerun_args(str(paths.run_dir))
         array = None
         if job.is_array:
@@ -44,14 +100,17 @@ class SlurmBackend:
         setup = [
             f"cd {shlex.quote(str(REPO_ROOT))}",
             f'export PYTHONPATH={shlex.quote(str(REPO_ROOT))}:{shlex.quote(str(REPO_ROOT / "src"))}'
-            '${PYTHONPATH:+:$PYTHONPATH}',
+            "${PYTHONPATH:+:$PYTHONPATH}",
             f"export OMP_NUM_THREADS={cpus} MKL_NUM_THREADS={cpus} OPENBLAS_NUM_THREADS={cpus} HOBSON_CPUS={cpus}",
             "export PYTHONUNBUFFERED=1",
         ]
         if job.is_array:
             setup.append("export HOBSON_ARRAY_TASK=$SLURM_ARRAY_TASK_ID")
         setup += list(prof.setup)
-        deps = [dep_ids.get(a, f"{{job:{a}}}") for a in job.after]
+        if dep_ids is None:
+            deps = [f"{{job:{a}}}" for a in job.after]
+        else:
+            deps = [i for a in job.after for i in dep_ids.get(a, [])]
         log = paths.logs_dir / (f"{job.name}_%a.log" if job.is_array else f"{job.name}.log")
         return render_sbatch(
             "exec " + shlex.join([prof.python, *argv]),
@@ -80,5 +139,95 @@ class SlurmBackend:
             if job.is_array:
                 head += f"; array of {len(job.shards)} tasks, task k runs shard k of {job.num_shards}"
             head += "; after: " + (", ".join(job.after) if job.after else "-")
-            parts.append(f"{head}\n# sbatch --parsable <script below>\n{self.render(job, paths, {})}")
+            parts.append(f"{head}\n# sbatch --parsable <script below>\n{self.render(job, paths)}")
         return "\n".join(parts)
+
+    # ----------------------------------------------------------------------------------------
+    # submission
+
+    def submit(self, jobs: list[JobSpec], paths: RunPaths, echo=print) -> dict[str, list[str]]:
+        """Submit every unfinished job in DAG order; return ``{job name: [slurm job ids]}``."""
+        (paths.run_dir / "slurm").mkdir(parents=True, exist_ok=True)
+        executor = _executor_class()(folder=paths.run_dir / "slurm")
+        meta = read_run_json(paths)
+        limit = max_array_size()
+        attempt = utc_now()
+        ids: dict[str, list[str]] = {}
+        paths.logs_dir.mkdir(parents=True, exist_ok=True)
+        for job in jobs:
+            progress = job_progress(job, paths)
+            if progress.done:
+                echo(f"[{job.name}] already done with matching digests: skipped")
+                continue
+            pending = progress.pending_shards if job.is_array else None
+            parts = [pending[i: i + limit] for i in range(0, len(pending), limit)] if job.is_array else [None]
+            ids[job.name] = []
+            for part in parts:
+                script = self.render(job, paths, ids, shards=part)
+                with _scrubbed_os_environ():
+                    try:
+                        sj = executor._submit_command(script)
+                    except Exception as e:  # submitit raises its own types; quote sbatch's answer
+                        raise HobsonError(f"sbatch refused job {job.name}: {e}") from None
+                ids[job.name].append(sj.job_id)
+                sub = {"job": job.name, "backend": "slurm", "job_id": sj.job_id, "attempt": attempt,
+                       "script": str(sj.paths.submission_file)}
+                if part is not None:
+                    sub.update(shards=format_spec(part), tasks=len(part))
+                meta.setdefault("submissions", []).append(sub)
+                write_run_json(paths, meta)
+                echo(f"[{job.name}] submitted job {sj.job_id}"
+                     + (f" (array of {len(part)} tasks: shards {format_spec(part)})" if part is not None else ""))
+        return ids
+
+    # ----------------------------------------------------------------------------------------
+    # state
+
+    @staticmethod
+    def job_ids(meta: dict) -> list[str]:
+        return [s["job_id"] for s in meta.get("submissions", []) if s.get("backend") == "slurm"]
+
+    @staticmethod
+    def query(job_ids: list[str]) -> tuple[str, dict[str, dict[str, str]]]:
+        """One poll for the whole run: ``(source, {jobid or jobid_task: fields})``.
+
+        sacct first (one call however many tasks); squeue when accounting is down (it knows only
+        jobs still queued or running); the caller falls back to the run record's markers.
+        """
+        if not job_ids:
+            return "none", {}
+        fmt = "JobID,JobName%60,State,Elapsed,NodeList,ExitCode,AllocTRES%80"
+        r = subprocess.run(["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids), f"--format={fmt}"],
+                           capture_output=True, text=True, check=False, env=scrubbed_environ())
+        if r.returncode == 0:
+            rows = {}
+            for line in r.stdout.splitlines():
+                f = line.split("|")
+                if len(f) >= 7:
+                    rows[f[0]] = {"state": f[2].split()[0] if f[2] else "", "elapsed": f[3], "node": f[4],
+                                  "exit": f[5], "tres": f[6]}
+            return "sacct", rows
+        r = subprocess.run(["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i|%T|%M|%N"],
+                           capture_output=True, text=True, check=False, env=scrubbed_environ())
+        if r.returncode == 0:
+            rows = {}
+            for line in r.stdout.splitlines():
+                f = line.split("|")
+                if len(f) >= 4:
+                    rows[f[0]] = {"state": f[1], "elapsed": f[2], "node": f[3], "exit": "", "tres": ""}
+            return "squeue", rows
+        return "record", {}
+
+    def cancel(self, paths: RunPaths) -> str:
+        ids = self.job_ids(read_run_json(paths))
+        if not ids:
+            return "no Slurm jobs recorded for this run"
+        r = subprocess.run(["scancel", *ids], capture_output=True, text=True, check=False, env=scrubbed_environ())
+        if r.returncode != 0:
+            raise HobsonError(f"scancel {' '.join(ids)} failed: {r.stderr.strip()}")
+        return f"cancelled jobs {', '.join(ids)}"
+
+
+def submission_script(sub: dict) -> Path | None:
+    p = sub.get("script")
+    return Path(p) if p else None

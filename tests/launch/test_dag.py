@@ -11,7 +11,7 @@ def ctx(ngpu=4, rows=None):
 
 
 def test_named_stages_run_in_dag_order_with_derived_dependencies():
-    jobs = dag.plan(["teacher", "multistep", "build"], ctx(), present=lambda rel: False)
+    jobs = dag.plan(["teacher", "multistep", "build"], ctx(), absent=lambda rel: 'nothing')
     names = [j.name for j in jobs]
     assert names.index("multistep") < names.index("teacher") < names.index("teacher-merge")
     merge = jobs[names.index("teacher-merge")]
@@ -20,7 +20,7 @@ def test_named_stages_run_in_dag_order_with_derived_dependencies():
 
 
 def test_teacher_is_an_array_of_ngpu_whole_batch_shards():
-    jobs = {j.name: j for j in dag.plan(["build", "multistep", "teacher"], ctx(ngpu=4), lambda rel: False)}
+    jobs = {j.name: j for j in dag.plan(["build", "multistep", "teacher"], ctx(ngpu=4), lambda rel: 'nothing')}
     t = jobs["teacher"]
     assert t.shards == [0, 1, 2, 3] and t.num_shards == 4 and t.throttle == 4
     assert t.resources.gpus == 1
@@ -28,28 +28,28 @@ def test_teacher_is_an_array_of_ngpu_whole_batch_shards():
 
 
 def test_missing_input_is_refused_naming_it():
-    with pytest.raises(StageError, match="data/multistep/train.jsonl"):
-        dag.plan(["teacher"], ctx(), present=lambda rel: False)
+    with pytest.raises(StageError, match="teacher: needs data/multistep/train.jsonl: nothing"):
+        dag.plan(["teacher"], ctx(), absent=lambda rel: 'nothing')
 
 
 def test_present_input_with_recorded_digest_is_accepted():
-    jobs = dag.plan(["teacher"], ctx(), present=lambda rel: True)
+    jobs = dag.plan(["teacher"], ctx(), absent=lambda rel: None)
     assert [j.name for j in jobs] == ["teacher", "teacher-merge"]
     assert jobs[0].after == []
 
 
 def test_unknown_stage_lists_the_stages():
     with pytest.raises(StageError, match="unknown stage 'teach'.*teacher"):
-        dag.plan(["teach"], ctx(), present=lambda rel: False)
+        dag.plan(["teach"], ctx(), absent=lambda rel: 'nothing')
 
 
 def test_all_expands_to_every_stage_once():
-    jobs = dag.plan(["all", "build"], ctx(), present=lambda rel: False)
+    jobs = dag.plan(["all", "build"], ctx(), absent=lambda rel: 'nothing')
     assert sorted({j.stage for j in jobs}) == sorted(dag.ALL)
     assert len({j.name for j in jobs}) == len(jobs)
 
 
 def test_expected_rows_are_declared_on_outputs():
-    jobs = {j.name: j for j in dag.plan(["all"], ctx(rows=7), lambda rel: False)}
+    jobs = {j.name: j for j in dag.plan(["all"], ctx(rows=7), lambda rel: 'nothing')}
     assert "data/build/train.jsonl=7" in jobs["build"].outputs
     assert "labels/teacher.jsonl=7" in jobs["teacher-merge"].outputs

@@ -18,6 +18,9 @@ from typing import IO, Any
 from hobson.errors import DataError
 
 _CHUNK = 1 << 20
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+_ROW_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": "))
 
 
 @contextlib.contextmanager
@@ -31,6 +34,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO[Any]]:
             yield f
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs are shared like any file
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -69,7 +73,7 @@ def count_lines(path: str | os.PathLike) -> int:
 
 def dumps_row(row: Any) -> str:
     """The one JSONL serialisation: compact, key order as given, UTF-8, no trailing spaces."""
-    return json.dumps(row, ensure_ascii=False, separators=(", ", ": "))
+    return _ROW_ENCODER.encode(row)
 
 
 def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:

@@ -1,0 +1,15 @@
+"""`python -m jobs.generated --data-dir D [--scale F] [--seed S]`: the generated corpus stage (see --help)."""
+
+from __future__ import annotations
+
+import sys
+
+from hobson.corpus.cli import stage_main
+
+
+def main(argv: list[str] | None = None) -> int:
+    return stage_main("generated", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

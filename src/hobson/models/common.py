@@ -1,0 +1,320 @@
+"""Pieces both looped models share: RMSNorm, the KV cache, masked attention, checkpoint files.
+
+Shapes in comments: ``B`` batch, ``T`` new tokens, ``S`` all positions in the cache
+(past + new), ``H`` query heads, ``Hkv`` key/value heads, ``D`` head dim, ``E`` model width.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+from hobson.errors import DataError
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+CONFIG_FILE = "config.json"
+DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
+
+
+class CheckpointError(DataError):
+    """A model directory is unreadable or inconsistent; the message names the file and tensor."""
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` without its default init: providers always initialise or load every weight,
+    and skipping it keeps builds of multi-billion-parameter models fast (on meta, too)."""
+
+    def reset_parameters(self) -> None:
+        pass
+
+
+class Embedding(nn.Embedding):
+    """``nn.Embedding`` without its default init (``normal_`` on meta tensors is slow to trace)."""
+
+    def reset_parameters(self) -> None:
+        pass
+
+
+class RMSNorm(nn.Module):
+    """``x / sqrt(mean(x²) + eps) · weight``, normalised in fp32 and cast back to the input dtype."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+class KVCache:
+    """Keys and values per attention stream, for incremental decoding.
+
+    A stream is any hashable slot id: Huginn uses one per (recurrence step × core layer) plus one
+    per prelude/coda layer; Nanbeige uses ``layer_idx + loop_idx * num_layers``. ``length`` counts
+    the positions already stored (the same in every stream); ``key_mask`` ``(B, length)`` marks
+    keys that may be attended to (None: all). ``meta`` holds model facts a cache must keep
+    constant (e.g. Huginn's recurrence depth).
+    """
+
+    def __init__(self) -> None:
+        self.streams: dict[Any, tuple[Tensor, Tensor]] = {}
+        self.length = 0
+        self.key_mask: Tensor | None = None
+        self.meta: dict[str, Any] = {}
+
+    def update(self, slot: Any, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append ``k``, ``v`` ``(B, Hkv, T, D)`` to ``slot``; return the whole stream ``(B, Hkv, S, D)``."""
+        if slot in self.streams:
+            pk, pv = self.streams[slot]
+            if pk.shape[2] != self.length:
+                raise RuntimeError(f"KV stream {slot!r} holds {pk.shape[2]} positions, cache has {self.length}")
+            k = torch.cat([pk, k], dim=2)
+            v = torch.cat([pv, v], dim=2)
+        elif self.length:
+            raise RuntimeError(f"KV stream {slot!r} is new but the cache already holds {self.length} positions")
+        self.streams[slot] = (k, v)
+        return k, v
+
+    def check_meta(self, **facts: Any) -> None:
+        """Record ``facts`` on first use; later calls must repeat the same values."""
+        for key, value in facts.items():
+            if key in self.meta and self.meta[key] != value:
+                raise ValueError(f"cache was filled with {key}={self.meta[key]!r}, this call uses {value!r}")
+            self.meta[key] = value
+
+
+def prepare_attention(
+    cache: KVCache | None,
+    attention_mask: Tensor | None,
+    batch: int,
+    new: int,
+    device: torch.device,
+    position_ids: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Positions of the new tokens and the attention mask for one forward.
+
+    ``attention_mask`` ``(B, T)``: 1 for real new tokens, 0 for padding (None: all real). Returns
+    ``(positions (B, T), attn_mask, key_mask)``: ``attn_mask`` is a bool ``(B, 1, T, S)`` (True =
+    may attend) or None for a plain causal prefill, and ``key_mask`` ``(B, S)`` the mask to store in
+    the cache. A query always sees itself, so a padded query never has an empty row (no NaN).
+    """
+    past = cache.length if cache is not None else 0
+    if position_ids is None:
+        positions = torch.arange(past, past + new, device=device).expand(batch, new)
+    else:
+        positions = position_ids.to(device)
+    key_mask = None
+    if attention_mask is not None or (cache is not None and cache.key_mask is not None):
+        old = cache.key_mask if cache is not None and cache.key_mask is not None else None
+        if old is None:
+            old = torch.ones(batch, past, dtype=torch.bool, device=device)
+        cur = (
+            torch.ones(batch, new, dtype=torch.bool, device=device)
+            if attention_mask is None
+            else attention_mask.to(device=device, dtype=torch.bool)
+        )
+        key_mask = torch.cat([old, cur], dim=1)
+    if past == 0 and key_mask is None:
+        return positions, None, None
+    q_idx = torch.arange(past, past + new, device=device)[:, None]
+    k_idx = torch.arange(past + new, device=device)[None, :]
+    causal = k_idx <= q_idx  # (T, S)
+    if key_mask is None:
+        return positions, causal[None, None], None
+    allowed = causal[None] & (key_mask[:, None, :] | (k_idx == q_idx)[None])
+    return positions, allowed[:, None], key_mask
+
+
+def finish_step(cache: KVCache | None, new: int, key_mask: Tensor | None) -> None:
+    """Advance the cache by ``new`` positions once every stream has been updated."""
+    if cache is not None:
+        cache.length += new
+        cache.key_mask = key_mask
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None) -> Tensor:
+    """Scaled dot-product attention ``(B, H, T, D) × (B, Hkv, S, D) -> (B, H, T, D)``, GQA by repeat."""
+    if k.shape[1] != q.shape[1]:
+        rep = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+    if attn_mask is None:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+
+
+def generator_normal_(tensors: Iterable[tuple[Tensor, float]], seed: int) -> None:
+    """Fill each ``(tensor, std)`` with N(0, std²) from one CPU generator seeded with ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for t, std in tensors:
+            t.copy_(torch.randn(t.shape, generator=g, dtype=torch.float32) * std)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoint directories (HF layout: config.json + model.safetensors or shards + index)
+
+
+def read_config(model_dir: str | os.PathLike) -> dict[str, Any]:
+    path = Path(model_dir) / CONFIG_FILE
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing (a model directory needs config.json)") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}:{e.lineno}: not valid JSON: {e.msg}") from None
+
+
+class SafetensorsDir:
+    """The tensors of a model directory by name: ``model.safetensors`` or shards with an index."""
+
+    def __init__(self, model_dir: str | os.PathLike) -> None:
+        self.dir = Path(model_dir)
+        index = self.dir / INDEX_FILE
+        single = self.dir / SINGLE_FILE
+        self.files: dict[str, Path] = {}
+        if index.exists():
+            try:
+                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            except (json.JSONDecodeError, KeyError) as e:
+                raise CheckpointError(f"{index}: not a safetensors index ({e})") from None
+            for name, fname in weight_map.items():
+                self.files[name] = self.dir / fname
+            for path in sorted(set(self.files.values())):
+                if not path.exists():
+                    raise CheckpointError(f"{index}: names shard {path.name}, which is missing")
+                with safe_open(str(path), framework="pt") as f:
+                    stored = set(f.keys())
+                listed = {n for n, p in self.files.items() if p == path}
+                if listed - stored:
+                    raise CheckpointError(f"{path}: lacks {sorted(listed - stored)[:5]} that {index.name} lists")
+        elif single.exists():
+            with safe_open(str(single), framework="pt") as f:
+                self.files = dict.fromkeys(f.keys(), single)
+        else:
+            raise CheckpointError(f"{self.dir}: no {SINGLE_FILE} or {INDEX_FILE}")
+
+    def names(self) -> list[str]:
+        return sorted(self.files)
+
+    def path(self, name: str) -> Path:
+        return self.files[name]
+
+    def get(self, name: str) -> Tensor:
+        with safe_open(str(self.files[name]), framework="pt") as f:
+            return f.get_tensor(name)
+
+    def shape(self, name: str) -> list[int]:
+        with safe_open(str(self.files[name]), framework="pt") as f:
+            return list(f.get_slice(name).get_shape())
+
+
+def check_names(ckpt: SafetensorsDir, expected: set[str], optional: set[str] = frozenset()) -> None:
+    """Refuse a checkpoint whose tensor names differ from the model's, naming the differences."""
+    have = set(ckpt.names())
+    missing = sorted(expected - have - optional)
+    unexpected = sorted(have - expected)
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)} tensor(s): {', '.join(missing[:8])}")
+        if unexpected:
+            parts.append(f"unexpected {len(unexpected)} tensor(s): {', '.join(unexpected[:8])}")
+        raise CheckpointError(f"{ckpt.dir}: names do not match the model: {'; '.join(parts)}")
+
+
+def copy_into(model: nn.Module, ckpt: SafetensorsDir, names: Iterable[str]) -> None:
+    """Copy checkpoint tensors into the model's parameters/buffers of the same name (cast to their dtype)."""
+    state = model.state_dict(keep_vars=True)
+    with torch.no_grad():
+        for name in names:
+            target = state[name]
+            src = ckpt.get(name)
+            if list(src.shape) != list(target.shape):
+                raise CheckpointError(
+                    f"{ckpt.path(name)}: {name} has shape {list(src.shape)}, the config implies {list(target.shape)}"
+                )
+            target.copy_(src.to(target.dtype))
+
+
+def write_checkpoint(
+    out_dir: str | os.PathLike,
+    tensors: dict[str, Tensor],
+    config: dict[str, Any],
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+) -> list[Path]:
+    """Write ``config.json`` and the tensors (one file, or shards + index) atomically as a directory.
+
+    Everything goes to a temporary sibling directory that is renamed to ``out_dir`` at the end,
+    so a failure leaves no partial directory. ``out_dir`` must not exist or be empty. Tensors
+    are written in name order; shard names follow HF (``model-00001-of-00002.safetensors``).
+    Returns the written files.
+    """
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out}: exists and is not an empty directory; refusing to overwrite")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        names = sorted(tensors)
+        shards: list[list[str]] = [[]]
+        size = 0
+        for name in names:
+            nbytes = tensors[name].numel() * tensors[name].element_size()
+            if shards[-1] and size + nbytes > max_shard_bytes:
+                shards.append([])
+                size = 0
+            shards[-1].append(name)
+            size += nbytes
+        written = []
+        if len(shards) == 1:
+            files = [SINGLE_FILE]
+        else:
+            files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+        for fname, shard in zip(files, shards, strict=True):
+            save_file({n: tensors[n].contiguous() for n in shard}, str(tmp / fname), metadata={"format": "pt"})
+            written.append(out / fname)
+        if len(shards) > 1:
+            total = sum(t.numel() * t.element_size() for t in tensors.values())
+            weight_map = {n: f for f, shard in zip(files, shards, strict=True) for n in shard}
+            index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+            (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            written.append(out / INDEX_FILE)
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        written.append(out / CONFIG_FILE)
+        for path in tmp.iterdir():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return sorted(written)
+
+
+DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def dtype_from_name(name: str | None, default: torch.dtype = torch.float32) -> torch.dtype:
+    if name is None:
+        return default
+    for dtype, n in DTYPE_NAMES.items():
+        if n == name:
+            return dtype
+    raise ValueError(f"unsupported dtype {name!r}; supported: {', '.join(DTYPE_NAMES.values())}")

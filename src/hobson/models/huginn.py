@@ -1,0 +1,465 @@
+"""Huginn-0125 ("raven", ``model_type: huginn_raven``): a recurrent-depth transformer in plain torch.
+
+Parameter and buffer names are the official checkpoint's (``transformer.wte``,
+``transformer.prelude.{i}``, ``transformer.adapter``, ``transformer.core_block.{i}``,
+``transformer.coda.{i}``, ``transformer.ln_f``, ``lm_head`` tied to ``wte``, buffer ``freqs_cis``),
+checked against ``tests/fixtures/official-models/huginn-0125.params.tsv``. The layout follows the
+public reference (seal-rg/recurrent-pretraining ``recpre/raven_modeling_minimal.py``):
+
+    e = prelude(wte(ids) · sqrt(E))
+    s = s0                                    # random initial state, see initial_state()
+    repeat num_steps: s = core_blocks(adapter(cat([s, e])))
+    logits = lm_head(ln_f(coda(ln_f(s))))
+
+Sandwich block: ``x = norm_2(attn(norm_1 x) + x); x = norm_4(mlp(norm_3 x) + x)``. Attention is a
+fused ``Wqkv`` (q|k|v), a learned ``qk_bias`` ``[2, 1, H, D]`` added to q and k before RoPE, and
+RoPE on interleaved pairs (dims 2i, 2i+1) from the fp32 table ``freqs_cis``
+``[1, block_size, 1, D/2, 2]`` (cos, sin). MLP: ``fc: E -> 2I`` split gate|up, ``silu(gate)·up``.
+Training right-pads; attention is causal. Truncated backprop: ``num_steps_no_grad`` recurrence
+steps run under ``torch.no_grad``, then ``num_steps_with_grad`` steps record the graph (their
+gradients reach adapter, core blocks and, through the injected ``e``, the prelude).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import platform
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from hobson.errors import ConfigError
+from hobson.models.common import (
+    Embedding,
+    KVCache,
+    Linear,
+    RMSNorm,
+    attend,
+    finish_step,
+    generator_normal_,
+    prepare_attention,
+)
+
+MODEL_TYPE = "huginn_raven"
+LATENT_PROFILE = "like-init-cpu-f32-v1"
+
+
+@dataclass(frozen=True)
+class HuginnConfig:
+    """The config.json fields the architecture reads (names as in the official file)."""
+
+    n_embd: int = 5280
+    n_heads: int = 55
+    intermediate_size: int = 17920
+    vocab_size: int = 65536
+    n_layers_in_prelude: int = 2
+    n_layers_in_recurrent_block: int = 4
+    n_layers_in_coda: int = 2
+    mean_recurrence: int = 32
+    mean_backprop_depth: int = 8
+    rope_base: float = 50000.0
+    block_size: int = 4096
+    norm_eps: float = 1e-6
+    qk_bias: bool = True
+    bias: bool = False
+    tie_embeddings: bool = True
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.n_embd % self.n_heads:
+            problems.append(f"n_embd {self.n_embd} is not a multiple of n_heads {self.n_heads}")
+        elif (self.n_embd // self.n_heads) % 2:
+            problems.append(f"head_dim {self.n_embd // self.n_heads} must be even for RoPE pairs")
+        head_dim = self.raw.get("head_dim")
+        if head_dim is not None and self.n_heads and head_dim != self.n_embd // self.n_heads:
+            problems.append(f"head_dim {head_dim} != n_embd // n_heads = {self.n_embd // self.n_heads}")
+        kv = self.raw.get("num_key_value_heads")
+        if kv is not None and kv != self.n_heads:
+            problems.append(f"num_key_value_heads {kv} != n_heads {self.n_heads} (raven has no GQA)")
+        if not self.tie_embeddings:
+            problems.append("tie_embeddings false is not supported (the raven checkpoint ties lm_head to wte)")
+        if self.raw.get("injection_type", "linear") != "linear":
+            problems.append(f"injection_type {self.raw['injection_type']!r} is not supported (only 'linear')")
+        if self.raw.get("state_init", "like-init") != "like-init":
+            problems.append(f"state_init {self.raw['state_init']!r} is not supported (only 'like-init')")
+        if self.raw.get("test_time_noise", 0):
+            problems.append("test_time_noise is not supported (the latent replay assumes none)")
+        if problems:
+            raise ConfigError("huginn_raven config: " + "; ".join(problems))
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_heads
+
+    @property
+    def init_std(self) -> float:
+        # "takase" init of the reference: sqrt(2 / (5 E)); also the latent state's std
+        return math.sqrt(2.0 / (5.0 * self.n_embd))
+
+    @property
+    def emb_scale(self) -> float:
+        return math.sqrt(self.n_embd)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HuginnConfig:
+        """Read a config.json dict; keys starting with ``_`` (annotations) are ignored."""
+        raw = {k: v for k, v in d.items() if not k.startswith("_")}
+        if raw.get("model_type", MODEL_TYPE) != MODEL_TYPE:
+            raise ConfigError(f"model_type {raw.get('model_type')!r} is not {MODEL_TYPE!r}")
+        vocab = raw.get("padded_vocab_size", raw.get("vocab_size"))
+        if "vocab_size" in raw and vocab != raw["vocab_size"]:
+            raise ConfigError(f"padded_vocab_size {vocab} != vocab_size {raw['vocab_size']}")
+        kwargs: dict[str, Any] = {}
+        for f in cls.__dataclass_fields__:
+            if f in raw and f != "raw":
+                kwargs[f] = raw[f]
+        if vocab is not None:
+            kwargs["vocab_size"] = vocab
+        return cls(**kwargs, raw={"model_type": MODEL_TYPE, **raw})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config.json to write: the original keys, with the architecture fields as read."""
+        d = dict(self.raw)
+        for k, v in asdict(self).items():
+            if k != "raw" and d.get(k) != v:  # keep the file's spelling (50000 vs 50000.0)
+                d[k] = v
+        if d.get("padded_vocab_size") != self.vocab_size:
+            d["padded_vocab_size"] = self.vocab_size
+        d["model_type"] = MODEL_TYPE
+        return d
+
+
+def tiny_config(**overrides: Any) -> HuginnConfig:
+    """A Huginn-shaped model small enough for CPU tests (E 64, 4 heads of 16, vocab 256)."""
+    d: dict[str, Any] = dict(
+        n_embd=64,
+        n_heads=4,
+        intermediate_size=128,
+        vocab_size=256,
+        n_layers_in_prelude=1,
+        n_layers_in_recurrent_block=2,
+        n_layers_in_coda=1,
+        mean_recurrence=4,
+        mean_backprop_depth=2,
+        rope_base=50000.0,
+        block_size=64,
+        norm_eps=1e-6,
+        qk_bias=True,
+        bias=False,
+        tie_embeddings=True,
+    )
+    d.update(overrides)
+    return HuginnConfig.from_dict(d)
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE and the latent initial state
+
+
+def rope_table(head_dim: int, length: int, base: float) -> Tensor:
+    """``freqs_cis`` ``[1, length, 1, head_dim/2, 2]`` fp32: (cos, sin) of ``p / base^(2i/head_dim)``."""
+    # always computed on the CPU (also while a model is built under ``torch.device("meta")``): the
+    # table is small, and CPU fp32 is the reference its checkpoint copy is compared against
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu") / head_dim))
+    angles = torch.outer(torch.arange(length, dtype=torch.float32, device="cpu"), inv_freq)
+    return torch.stack([angles.cos(), angles.sin()], dim=-1)[None, :, None]
+
+
+def apply_rope(x: Tensor, freqs: Tensor) -> Tensor:
+    """Rotate interleaved pairs of ``x`` ``(B, T, H, D)`` by ``freqs`` ``(B, T, 1, D/2, 2)``, in fp32."""
+    pairs = x.float().unflatten(-1, (-1, 2))
+    cos, sin = freqs[..., 0], freqs[..., 1]
+    rotated = torch.stack(
+        [pairs[..., 0] * cos - pairs[..., 1] * sin, pairs[..., 1] * cos + pairs[..., 0] * sin], dim=-1
+    )
+    return rotated.flatten(-2).to(x.dtype)
+
+
+def latent_profile(dtype: torch.dtype) -> dict[str, str]:
+    """What a latent replay depends on, to persist beside a run and check before replaying.
+
+    The noise is drawn on the CPU in fp32 (profile ``like-init-cpu-f32-v1``), but torch's
+    truncated-normal sampler, the CPU architecture and the model dtype the state is cast to can
+    all change the bits.
+    """
+    return {
+        "profile": LATENT_PROFILE,
+        "torch": torch.__version__,
+        "dtype": str(dtype).removeprefix("torch."),
+        "machine": platform.machine(),
+    }
+
+
+def check_latent_profile(recorded: dict[str, str], dtype: torch.dtype) -> None:
+    """Refuse to replay latents recorded under another profile, naming every difference."""
+    current = latent_profile(dtype)
+    diffs = [
+        f"{k}: recorded {recorded.get(k)!r}, now {current[k]!r}"
+        for k in sorted(current)
+        if recorded.get(k) != current[k]
+    ]
+    if diffs:
+        raise ConfigError("latent profile differs, replayed log-probs would not match: " + "; ".join(diffs))
+
+
+def latent_seed(seed: int, position: int) -> int:
+    """Generator seed for position ``position`` of a completion sampled with ``seed``.
+
+    SHA-256 of ``"<profile>:<seed>:<position>"`` (stable across processes and machines, unlike
+    Python's ``hash``), first 8 bytes little-endian, top bit cleared.
+    """
+    digest = hashlib.sha256(f"{LATENT_PROFILE}:{int(seed)}:{int(position)}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def latent_vector(seed: int, position: int, n_embd: int) -> Tensor:
+    """The fp32 CPU initial state of one position (profile ``like-init-cpu-f32-v1``).
+
+    Truncated normal, std ``σ = sqrt(2 / (5 E))``, cut at ±3σ, times ``sqrt(E)``, drawn from a
+    ``torch.Generator`` seeded with :func:`latent_seed`. Depends on nothing but (seed, position, E).
+    """
+    std = math.sqrt(2.0 / (5.0 * n_embd))
+    g = torch.Generator(device="cpu").manual_seed(latent_seed(seed, position))
+    v = torch.empty(n_embd, dtype=torch.float32)
+    nn.init.trunc_normal_(v, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=g)
+    return v * math.sqrt(n_embd)
+
+
+def initial_state(seeds: Sequence[int], positions: Tensor, n_embd: int) -> Tensor:
+    """``(B, T, E)`` fp32 CPU initial states: row ``b`` at position ``positions[b, t]`` from ``seeds[b]``.
+
+    A row's state depends only on its own seed and positions, never on the other rows.
+    """
+    pos = positions.cpu().tolist()
+    if len(seeds) != len(pos):
+        raise ValueError(f"{len(seeds)} seeds for a batch of {len(pos)}")
+    cache: dict[tuple[int, int], Tensor] = {}
+    rows = []
+    for s, row in zip(seeds, pos, strict=True):
+        vecs = []
+        for p in row:
+            key = (int(s), int(p))
+            if key not in cache:
+                cache[key] = latent_vector(key[0], key[1], n_embd)
+            vecs.append(cache[key])
+        rows.append(torch.stack(vecs) if vecs else torch.empty(0, n_embd))
+    return torch.stack(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Modules
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: HuginnConfig) -> None:
+        super().__init__()
+        self.n_head = cfg.n_heads
+        self.head_dim = cfg.head_dim
+        self.Wqkv = Linear(cfg.n_embd, 3 * cfg.n_embd, bias=False)
+        if cfg.qk_bias:
+            self.qk_bias = nn.Parameter(torch.zeros(2, 1, cfg.n_heads, cfg.head_dim))
+        else:
+            self.qk_bias = None
+        self.proj = Linear(cfg.n_embd, cfg.n_embd, bias=False)
+
+    def forward(self, x: Tensor, freqs: Tensor, mask: Tensor | None, cache: KVCache | None, slot: Any) -> Tensor:
+        B, T, E = x.shape
+        q, k, v = self.Wqkv(x).view(B, T, 3, self.n_head, self.head_dim).unbind(2)  # each (B, T, H, D)
+        if self.qk_bias is not None:
+            q = (q + self.qk_bias[0]).to(x.dtype)
+            k = (k + self.qk_bias[1]).to(x.dtype)
+        q, k = apply_rope(q, freqs), apply_rope(k, freqs)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
+        if cache is not None:
+            k, v = cache.update(slot, k, v)
+        y = attend(q, k, v, mask)
+        return self.proj(y.transpose(1, 2).reshape(B, T, E))
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, cfg: HuginnConfig) -> None:
+        super().__init__()
+        self.fc = Linear(cfg.n_embd, 2 * cfg.intermediate_size, bias=False)
+        self.proj = Linear(cfg.intermediate_size, cfg.n_embd, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.fc(x).chunk(2, dim=-1)
+        return self.proj(nn.functional.silu(gate) * up)
+
+
+class SandwichBlock(nn.Module):
+    def __init__(self, cfg: HuginnConfig) -> None:
+        super().__init__()
+        self.norm_1 = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.attn = CausalSelfAttention(cfg)
+        self.norm_2 = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.mlp = GatedMLP(cfg)
+        self.norm_3 = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.norm_4 = RMSNorm(cfg.n_embd, cfg.norm_eps)
+
+    def forward(self, x: Tensor, freqs: Tensor, mask: Tensor | None, cache: KVCache | None, slot: Any) -> Tensor:
+        x = self.norm_2(self.attn(self.norm_1(x), freqs, mask, cache, slot) + x)
+        return self.norm_4(self.mlp(self.norm_3(x)) + x)
+
+
+class HuginnRaven(nn.Module):
+    """Actor (``lm_head`` tied to ``transformer.wte``) or critic (``value_head`` Linear(E, 1) instead).
+
+    ``forward`` returns fp32 logits ``(B, T, V)`` for the actor, fp32 values ``(B, T)`` for the critic.
+    """
+
+    freqs_cis: Tensor
+
+    def __init__(self, cfg: HuginnConfig, critic: bool = False) -> None:
+        super().__init__()
+        self.config = cfg
+        self.critic = critic
+        self.gradient_checkpointing = False
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=Embedding(cfg.vocab_size, cfg.n_embd),
+                prelude=nn.ModuleList(SandwichBlock(cfg) for _ in range(cfg.n_layers_in_prelude)),
+                adapter=Linear(2 * cfg.n_embd, cfg.n_embd, bias=cfg.bias),
+                core_block=nn.ModuleList(SandwichBlock(cfg) for _ in range(cfg.n_layers_in_recurrent_block)),
+                coda=nn.ModuleList(SandwichBlock(cfg) for _ in range(cfg.n_layers_in_coda)),
+                ln_f=RMSNorm(cfg.n_embd, cfg.norm_eps),
+            )
+        )
+        if critic:
+            self.value_head = Linear(cfg.n_embd, 1, bias=False)
+        else:
+            self.lm_head = Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+            self.tie_weights()
+        self.register_buffer("freqs_cis", self.expected_freqs_cis(), persistent=True)
+
+    def expected_freqs_cis(self) -> Tensor:
+        """The RoPE table this config implies (what a checkpoint's ``freqs_cis`` must equal)."""
+        cfg = self.config
+        return rope_table(cfg.head_dim, cfg.block_size, cfg.rope_base)
+
+    def tie_weights(self) -> None:
+        if not self.critic:
+            self.lm_head.weight = self.transformer.wte.weight
+
+    def _apply(self, fn: Any, recurse: bool = True) -> HuginnRaven:
+        # The RoPE table stays fp32 whatever the parameters become (.half(), .to(bf16)); it only
+        # follows device moves. Without this, fp16 RoPE angles at long positions lose precision.
+        freqs = self._buffers.pop("freqs_cis")
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            moved = fn(freqs)
+            if moved.dtype != torch.float32:
+                moved = freqs.to(device=moved.device, dtype=torch.float32)
+            self._buffers["freqs_cis"] = moved
+        return self
+
+    def init_weights(self, seed: int = 0) -> None:
+        """Deterministic random init (reference "takase": N(0, σ²), output projections σ/sqrt(2·depth))."""
+        cfg = self.config
+        std = cfg.init_std
+        depth = cfg.n_layers_in_prelude + cfg.n_layers_in_coda + cfg.n_layers_in_recurrent_block * cfg.mean_recurrence
+        out_std = std / math.sqrt(2 * depth)
+        specs = []
+        for name, p in self.named_parameters():
+            if name.endswith(("attn.proj.weight", "mlp.proj.weight")):
+                specs.append((p, out_std))
+            elif "norm" in name or name.endswith("ln_f.weight"):
+                with torch.no_grad():
+                    p.fill_(1.0)
+            elif name.endswith("qk_bias") or name.endswith(".bias"):
+                with torch.no_grad():
+                    p.zero_()
+            else:
+                specs.append((p, std))
+        generator_normal_(specs, seed)
+
+    def new_cache(self) -> KVCache:
+        return KVCache()
+
+    def _block(
+        self, block: SandwichBlock, x: Tensor, freqs: Tensor, mask: Tensor | None, cache: KVCache | None, slot: Any
+    ) -> Tensor:
+        if self.gradient_checkpointing and cache is None and torch.is_grad_enabled():
+            return checkpoint(block, x, freqs, mask, None, slot, use_reentrant=False)
+        return block(x, freqs, mask, cache, slot)
+
+    def _core_step(
+        self, state: Tensor, e: Tensor, freqs: Tensor, mask: Tensor | None, cache: KVCache | None, step: int
+    ) -> Tensor:
+        x = self.transformer.adapter(torch.cat([state, e], dim=-1))
+        for j, block in enumerate(self.transformer.core_block):
+            x = self._block(block, x, freqs, mask, cache, ("core", step, j))
+        return x
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        num_steps_no_grad: int | None = None,
+        num_steps_with_grad: int = 0,
+        *,
+        seed: int | Sequence[int] = 0,
+        cache: KVCache | None = None,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+    ) -> Tensor:
+        """Logits ``(B, T, V)`` (actor) or values ``(B, T)`` (critic), fp32.
+
+        ``input_ids`` ``(B, T)``. The recurrence runs ``num_steps_no_grad`` steps without a graph
+        (default: ``mean_recurrence - num_steps_with_grad``), then ``num_steps_with_grad`` with one.
+        ``seed``: one int, or one per row; the initial state of row b at position p is
+        :func:`latent_vector` (seed[b], p). ``cache``: append to this KV cache (prefill, then one
+        token per call); every call on a cache must use the same number of steps.
+        ``attention_mask`` ``(B, T)`` marks real tokens (padding is never attended to);
+        ``position_ids`` ``(B, T)`` overrides the positions (default: cache length + arange(T)).
+        """
+        cfg = self.config
+        if num_steps_no_grad is None:
+            num_steps_no_grad = cfg.mean_recurrence - num_steps_with_grad
+        if num_steps_no_grad < 0 or num_steps_with_grad < 0:
+            raise ValueError(f"negative recurrence steps ({num_steps_no_grad}, {num_steps_with_grad})")
+        B, T = input_ids.shape
+        seeds = [int(seed)] * B if isinstance(seed, int) else [int(s) for s in seed]
+        if cache is not None:
+            cache.check_meta(num_steps=num_steps_no_grad + num_steps_with_grad)
+        device = input_ids.device
+        positions, mask, key_mask = prepare_attention(cache, attention_mask, B, T, device, position_ids)
+        if T and int(positions.max()) >= cfg.block_size:
+            raise ValueError(f"position {int(positions.max())} is beyond block_size {cfg.block_size}")
+        freqs = self.freqs_cis[0][positions]  # (B, T, 1, D/2, 2), fp32
+
+        x = self.transformer.wte(input_ids) * cfg.emb_scale
+        for i, block in enumerate(self.transformer.prelude):
+            x = self._block(block, x, freqs, mask, cache, ("prelude", i))
+        e = x
+        state = initial_state(seeds, positions, cfg.n_embd).to(device=device, dtype=e.dtype)
+        with torch.no_grad():
+            for step in range(num_steps_no_grad):
+                state = self._core_step(state, e, freqs, mask, cache, step)
+        for step in range(num_steps_no_grad, num_steps_no_grad + num_steps_with_grad):
+            state = self._core_step(state, e, freqs, mask, cache, step)
+        x = self.transformer.ln_f(state)
+        for i, block in enumerate(self.transformer.coda):
+            x = self._block(block, x, freqs, mask, cache, ("coda", i))
+        x = self.transformer.ln_f(x)
+        finish_step(cache, T, key_mask)
+        if self.critic:
+            return self.value_head(x).squeeze(-1).float()
+        return self.lm_head(x).float()
+
+    def prefill(self, input_ids: Tensor, cache: KVCache, **kwargs: Any) -> Tensor:
+        """Run the prompt ``(B, T)`` into an empty ``cache``; returns the output for every position."""
+        if cache.length:
+            raise ValueError("prefill needs an empty cache")
+        return self(input_ids, cache=cache, **kwargs)
+
+    def decode_step(self, token_ids: Tensor, cache: KVCache, **kwargs: Any) -> Tensor:
+        """Append one token per row ``(B,)``; returns the output for that position ``(B, V)`` or ``(B,)``."""
+        out = self(token_ids.view(-1, 1), cache=cache, **kwargs)
+        return out[:, -1]

@@ -1,0 +1,283 @@
+"""Nanbeige4.2-3B (``model_type: nanbeige``): a looped Llama-style decoder in plain torch.
+
+Names are the official checkpoint's (``model.embed_tokens``, ``model.layers.{i}.{input_layernorm,
+post_attention_layernorm, self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj}``, ``model.norm``,
+untied ``lm_head``), checked against ``tests/fixtures/official-models/nanbeige4.2-3b.params.tsv``.
+
+Looping (from the public ``modeling_nanbeige.py``): the whole stack of ``L`` layers runs
+``num_loops`` times with the same weights and the same positions; every loop has its own attention
+history (KV-cache slot ``layer_idx + loop_idx * L``); ``model.norm`` is applied after every loop
+(after the last one only when ``skip_loop_final_norm``). ``head_dim`` is read from the config
+(Nanbeige's 128 ≠ hidden/heads = 64). GQA; RoPE rotate-half with ``rope_theta``, cos/sin in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from hobson.errors import ConfigError
+from hobson.models.common import (
+    Embedding,
+    KVCache,
+    Linear,
+    RMSNorm,
+    attend,
+    finish_step,
+    generator_normal_,
+    prepare_attention,
+)
+
+MODEL_TYPE = "nanbeige"
+
+
+@dataclass(frozen=True)
+class NanbeigeConfig:
+    """The config.json fields the architecture reads (names as in the official file)."""
+
+    hidden_size: int = 3072
+    intermediate_size: int = 10752
+    num_hidden_layers: int = 22
+    num_attention_heads: int = 48
+    num_key_value_heads: int = 8
+    head_dim: int = 128
+    vocab_size: int = 166144
+    rope_theta: float = 70_000_000.0
+    rms_norm_eps: float = 1e-5
+    num_loops: int = 2
+    skip_loop_final_norm: bool = False
+    initializer_range: float = 0.02
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.num_attention_heads % self.num_key_value_heads:
+            problems.append(
+                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
+        if self.head_dim % 2:
+            problems.append(f"head_dim {self.head_dim} must be even for RoPE")
+        if self.num_loops < 1:
+            problems.append(f"num_loops {self.num_loops} must be >= 1")
+        unsupported = {
+            "tie_word_embeddings": (False, "the checkpoint has a separate lm_head"),
+            "attention_bias": (False, "no bias tensors exist"),
+            "mlp_bias": (False, "no bias tensors exist"),
+            "qk_layernorm": (False, "no q/k norm tensors exist"),
+            "rope_scaling": (None, "plain RoPE only"),
+            "hidden_act": ("silu", "SwiGLU only"),
+            "loop_loss_weights": ([], "use num_loops"),
+            "enable_double_loop_split": (False, "not implemented"),
+            "loop_share_kv": (False, "each loop keeps its own KV"),
+            "enable_hyper_connection": (False, "not implemented"),
+            "enable_mhc": (False, "not implemented"),
+            "enable_depth_attention": (False, "not implemented"),
+            "emb_neighbor_num": (None, "n-gram embeddings not implemented"),
+        }
+        for key, (ok, why) in unsupported.items():
+            if key in self.raw and self.raw[key] != ok:
+                problems.append(f"{key}={self.raw[key]!r} is not supported ({why}); expected {ok!r}")
+        if problems:
+            raise ConfigError("nanbeige config: " + "; ".join(problems))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> NanbeigeConfig:
+        """Read a config.json dict; keys starting with ``_`` (annotations) are ignored."""
+        raw = {k: v for k, v in d.items() if not k.startswith("_")}
+        if raw.get("model_type", MODEL_TYPE) != MODEL_TYPE:
+            raise ConfigError(f"model_type {raw.get('model_type')!r} is not {MODEL_TYPE!r}")
+        kwargs = {f: raw[f] for f in cls.__dataclass_fields__ if f in raw and f != "raw"}
+        if kwargs.get("head_dim") is None:
+            # the class default: hidden_size // num_attention_heads (Nanbeige4.2-3B sets 128 explicitly)
+            hidden = kwargs.get("hidden_size", cls.hidden_size)
+            kwargs["head_dim"] = hidden // kwargs.get("num_attention_heads", cls.num_attention_heads)
+        if kwargs.get("num_key_value_heads") is None:
+            kwargs["num_key_value_heads"] = kwargs.get("num_attention_heads", cls.num_attention_heads)
+        return cls(**kwargs, raw={"model_type": MODEL_TYPE, **raw})
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.raw)
+        for k, v in asdict(self).items():
+            if k != "raw" and d.get(k) != v:
+                d[k] = v
+        d["model_type"] = MODEL_TYPE
+        d.setdefault("tie_word_embeddings", False)
+        return d
+
+
+def tiny_config(**overrides: Any) -> NanbeigeConfig:
+    """A Nanbeige-shaped model for CPU tests: hidden 64, 4 heads × head_dim 32 (≠ 64/4), 2 KV heads."""
+    d: dict[str, Any] = dict(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=256,
+        rope_theta=70_000_000.0,
+        rms_norm_eps=1e-5,
+        num_loops=2,
+        skip_loop_final_norm=False,
+        tie_word_embeddings=False,
+    )
+    d.update(overrides)
+    return NanbeigeConfig.from_dict(d)
+
+
+def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """fp32 ``cos, sin`` ``(B, T, head_dim)`` for rotate-half RoPE; computed per call, so no buffer
+    can be cast to fp16 by ``.half()``."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    freqs = positions.float()[..., None] * inv_freq.to(positions.device)  # (B, T, D/2)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """``x`` ``(B, H, T, D)``; ``cos``/``sin`` ``(B, T, D)`` cast to ``x``'s dtype (as the reference does)."""
+    cos = cos.to(x.dtype)[:, None]
+    sin = sin.to(x.dtype)[:, None]
+    return x * cos + _rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: NanbeigeConfig) -> None:
+        super().__init__()
+        self.n_head = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.q_proj = Linear(cfg.hidden_size, self.n_head * self.head_dim, bias=False)
+        self.k_proj = Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=False)
+        self.v_proj = Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=False)
+        self.o_proj = Linear(self.n_head * self.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache: KVCache | None, slot: int
+    ) -> Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(slot, k, v)
+        y = attend(q, k, v, mask)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: NanbeigeConfig) -> None:
+        super().__init__()
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: NanbeigeConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache: KVCache | None, slot: int
+    ) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, slot)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class NanbeigeLooped(nn.Module):
+    """Actor (untied ``lm_head``) or critic (``value_head`` Linear(hidden, 1) instead).
+
+    ``forward`` returns fp32 logits ``(B, T, V)`` for the actor, fp32 values ``(B, T)`` for the critic.
+    """
+
+    def __init__(self, cfg: NanbeigeConfig, critic: bool = False) -> None:
+        super().__init__()
+        self.config = cfg
+        self.critic = critic
+        self.gradient_checkpointing = False
+        self.model = nn.Module()
+        self.model.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.model.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.model.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if critic:
+            self.value_head = Linear(cfg.hidden_size, 1, bias=False)
+        else:
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def init_weights(self, seed: int = 0) -> None:
+        """Deterministic random init: N(0, initializer_range²) for matrices, ones for norms."""
+        specs = []
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+                with torch.no_grad():
+                    p.fill_(1.0)
+            else:
+                specs.append((p, self.config.initializer_range))
+        generator_normal_(specs, seed)
+
+    def new_cache(self) -> KVCache:
+        return KVCache()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        *,
+        cache: KVCache | None = None,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+    ) -> Tensor:
+        """Logits ``(B, T, V)`` (actor) or values ``(B, T)`` (critic), fp32.
+
+        ``cache``: append to this KV cache (``num_loops × L`` streams). ``attention_mask`` ``(B, T)``
+        marks real tokens; ``position_ids`` ``(B, T)`` overrides positions (default: cache length +
+        arange(T)); every loop uses the same positions.
+        """
+        cfg = self.config
+        B, T = input_ids.shape
+        if cache is not None:
+            cache.check_meta(num_loops=cfg.num_loops)
+        positions, mask, key_mask = prepare_attention(cache, attention_mask, B, T, input_ids.device, position_ids)
+        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
+        x = self.model.embed_tokens(input_ids)
+        L = cfg.num_hidden_layers
+        for loop in range(cfg.num_loops):
+            for i, layer in enumerate(self.model.layers):
+                slot = i + loop * L
+                if self.gradient_checkpointing and cache is None and torch.is_grad_enabled():
+                    x = checkpoint(layer, x, cos, sin, mask, None, slot, use_reentrant=False)
+                else:
+                    x = layer(x, cos, sin, mask, cache, slot)
+            if loop == cfg.num_loops - 1 or not cfg.skip_loop_final_norm:
+                x = self.model.norm(x)
+        finish_step(cache, T, key_mask)
+        if self.critic:
+            return self.value_head(x).squeeze(-1).float()
+        return self.lm_head(x).float()
+
+    def prefill(self, input_ids: Tensor, cache: KVCache, **kwargs: Any) -> Tensor:
+        """Run the prompt ``(B, T)`` into an empty ``cache``; returns the output for every position."""
+        if cache.length:
+            raise ValueError("prefill needs an empty cache")
+        return self(input_ids, cache=cache, **kwargs)
+
+    def decode_step(self, token_ids: Tensor, cache: KVCache, **kwargs: Any) -> Tensor:
+        """Append one token per row ``(B,)``; returns the output for that position ``(B, V)`` or ``(B,)``."""
+        return self(token_ids.view(-1, 1), cache=cache, **kwargs)[:, -1]

@@ -1,0 +1,1 @@
+"""Recurrent-policy RL: objectives and advantage estimators (``hobson.rl.objectives``)."""

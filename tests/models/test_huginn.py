@@ -1,0 +1,212 @@
+"""Huginn (raven) model: latent state, RoPE dtype, truncated backprop, KV-cache decoding (CPU, fp32)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import pytest
+import torch
+
+from hobson.errors import ConfigError
+from hobson.models import get_provider, tiny_config
+from hobson.models.huginn import (
+    LATENT_PROFILE,
+    check_latent_profile,
+    initial_state,
+    latent_profile,
+    latent_seed,
+    latent_vector,
+    rope_table,
+)
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = tiny_config("huginn_raven")
+    return get_provider(cfg).build_actor(cfg, seed=7)
+
+
+def _ids(B, T, seed=0):
+    return torch.randint(0, 256, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_latent_seed_is_a_stable_sha256():
+    digest = hashlib.sha256(b"like-init-cpu-f32-v1:42:17").digest()
+    assert LATENT_PROFILE == "like-init-cpu-f32-v1"
+    assert latent_seed(42, 17) == int.from_bytes(digest[:8], "little") & (2**63 - 1)
+    assert latent_seed(42, 17) != latent_seed(17, 42)
+
+
+def test_latent_vector_reproducible_and_truncated():
+    E = 64
+    a, b = latent_vector(3, 5, E), latent_vector(3, 5, E)
+    assert a.dtype == torch.float32 and a.shape == (E,)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, latent_vector(3, 6, E))
+    assert not torch.equal(a, latent_vector(4, 5, E))
+    many = torch.stack([latent_vector(0, p, E) for p in range(64)])
+    sigma = math.sqrt(2 / (5 * E))
+    assert many.abs().max().item() <= 3 * sigma * math.sqrt(E) + 1e-6
+    # a normal truncated at ±3σ keeps ~98.7% of its std
+    assert abs(many.std().item() / (sigma * math.sqrt(E)) - 0.987) < 0.05
+
+
+def test_initial_state_independent_of_batch_composition():
+    pos = torch.arange(6).expand(2, 6)
+    s1 = initial_state([11, 22], pos, 64)
+    s2 = initial_state([33, 11], pos, 64)
+    assert torch.equal(s1[0], s2[1])
+    assert not torch.equal(s1[0], s1[1])
+    shifted = initial_state([11], torch.arange(3, 9)[None], 64)
+    assert torch.equal(shifted[0, :3], s1[0, 3:])  # a position's state does not depend on where it sits
+
+
+def test_model_output_independent_of_batch_composition(model):
+    ids = _ids(3, 8)
+    with torch.no_grad():
+        batch = model(ids, seed=[5, 6, 7])
+        alone = model(ids[1:2], seed=[6])
+        other_seed = model(ids[1:2], seed=[8])
+    assert torch.allclose(batch[1:2], alone, atol=1e-5)
+    assert not torch.allclose(alone, other_seed, atol=1e-3)
+
+
+def test_fp16_keeps_rope_fp32():
+    cfg = tiny_config("huginn_raven")
+    m = get_provider(cfg).build_actor(cfg, seed=1)
+    want = rope_table(16, 64, 50000.0)
+    assert torch.equal(m.freqs_cis, want)
+    m.half()
+    assert m.transformer.wte.weight.dtype == torch.float16
+    assert m.freqs_cis.dtype == torch.float32 and torch.equal(m.freqs_cis, want)
+    assert m.lm_head.weight is m.transformer.wte.weight
+    m.to(torch.bfloat16)
+    assert m.freqs_cis.dtype == torch.float32 and torch.equal(m.freqs_cis, want)
+    assert m.state_dict()["freqs_cis"].dtype == torch.float32
+    with torch.no_grad():
+        out = m(_ids(1, 4), seed=0)
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+
+
+def _grads(model, no_grad, with_grad):
+    model.zero_grad(set_to_none=True)
+    out = model(_ids(2, 6), num_steps_no_grad=no_grad, num_steps_with_grad=with_grad, seed=[1, 2])
+    out.logsumexp(-1).sum().backward()
+    return {n: (None if p.grad is None else p.grad.clone()) for n, p in model.named_parameters()}
+
+
+def test_truncated_backprop(model):
+    g0 = _grads(model, 3, 0)
+    for name, g in g0.items():
+        if name.startswith(("transformer.prelude", "transformer.adapter", "transformer.core_block")):
+            assert g is None, f"{name} got a gradient through no-grad recurrence steps"
+    assert g0["transformer.coda.0.mlp.fc.weight"] is not None
+    assert g0["transformer.wte.weight"] is not None  # through the tied lm_head
+    g1 = _grads(model, 2, 1)
+    for name in (
+        "transformer.prelude.0.attn.Wqkv.weight",
+        "transformer.adapter.weight",
+        "transformer.core_block.1.mlp.proj.weight",
+    ):
+        assert g1[name] is not None and g1[name].abs().sum() > 0, name
+    # the with-grad steps see the no-grad steps' state, not their graph: same total depth,
+    # different split -> same forward value, different gradients
+    with torch.no_grad():
+        a = model(_ids(2, 6), num_steps_no_grad=2, num_steps_with_grad=2, seed=[1, 2])
+        b = model(_ids(2, 6), num_steps_no_grad=4, num_steps_with_grad=0, seed=[1, 2])
+    assert torch.equal(a, b)
+    g2 = _grads(model, 1, 3)
+    assert not torch.allclose(g1["transformer.adapter.weight"], g2["transformer.adapter.weight"])
+    model.zero_grad(set_to_none=True)
+
+
+def test_default_depth_is_mean_recurrence(model):
+    with torch.no_grad():
+        a = model(_ids(1, 5), seed=3)
+        b = model(_ids(1, 5), num_steps_no_grad=4, seed=3)
+        c = model(_ids(1, 5), num_steps_no_grad=3, seed=3)
+    assert torch.equal(a, b) and not torch.allclose(a, c)
+
+
+def test_incremental_decode_matches_full_forward(model):
+    ids = _ids(3, 12, seed=1)
+    seeds = [10, 20, 30]
+    with torch.no_grad():
+        full = model(ids, seed=seeds)
+        cache = model.new_cache()
+        steps = [model.prefill(ids[:, :5], cache, seed=seeds)]
+        for t in range(5, 12):
+            steps.append(model.decode_step(ids[:, t], cache, seed=seeds)[:, None])
+    inc = torch.cat(steps, dim=1)
+    assert torch.allclose(inc, full, atol=1e-5, rtol=1e-5)
+    # one KV stream per prelude layer, per (recurrence step x core layer), per coda layer
+    assert len(cache.streams) == 1 + 4 * 2 + 1 and cache.length == 12
+    with pytest.raises(ValueError, match="num_steps=4, this call uses 3"):
+        model.decode_step(ids[:, 0], cache, seed=seeds, num_steps_no_grad=3)
+
+
+def test_left_padded_rows_match_unpadded(model):
+    ids = _ids(1, 6, seed=2)
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), ids], dim=1)
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1]])
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        ref = model(ids, seed=4)
+        out = model(padded, seed=4, attention_mask=mask, position_ids=pos)
+    assert torch.allclose(out[:, 3:], ref, atol=1e-5)
+
+
+def test_right_padding_leaves_real_tokens_unchanged(model):
+    ids = _ids(1, 6, seed=3)
+    padded = torch.cat([ids, torch.zeros(1, 4, dtype=torch.long)], dim=1)
+    with torch.no_grad():
+        assert torch.allclose(model(padded, seed=9)[:, :6], model(ids, seed=9), atol=1e-5)
+
+
+def test_latent_profile_check():
+    rec = latent_profile(torch.float16)
+    assert rec["profile"] == "like-init-cpu-f32-v1" and rec["dtype"] == "float16"
+    check_latent_profile(rec, torch.float16)
+    with pytest.raises(ConfigError, match=r"dtype: recorded 'float16', now 'float32'"):
+        check_latent_profile(rec, torch.float32)
+    with pytest.raises(ConfigError, match=r"torch: recorded '1.0', now"):
+        check_latent_profile({**rec, "torch": "1.0"}, torch.float16)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(model):
+    g_plain = _grads(model, 1, 2)
+    model.gradient_checkpointing = True
+    try:
+        g_ckpt = _grads(model, 1, 2)
+    finally:
+        model.gradient_checkpointing = False
+    for name, g in g_plain.items():
+        assert (g is None) == (g_ckpt[name] is None), name
+        if g is not None:
+            assert torch.allclose(g, g_ckpt[name], atol=1e-6), name
+
+
+def test_config_checks():
+    with pytest.raises(ConfigError, match=r"head_dim 32 != n_embd // n_heads = 16"):
+        tiny_config("huginn_raven", head_dim=32)
+    with pytest.raises(ConfigError, match=r"n_embd 64 is not a multiple of n_heads 5"):
+        tiny_config("huginn_raven", n_heads=5)
+    with pytest.raises(ConfigError, match=r"state_init 'zero' is not supported"):
+        tiny_config("huginn_raven", state_init="zero")
+    with pytest.raises(ValueError, match="position 64 is beyond block_size 64"):
+        m = get_provider(tiny_config("huginn_raven")).build_actor(tiny_config("huginn_raven"))
+        m(_ids(1, 65), num_steps_no_grad=1)
+
+
+def test_fp16_forward_backward_on_cpu():
+    cfg = tiny_config("huginn_raven")
+    m = get_provider(cfg).build_actor(cfg, seed=1, dtype=torch.float16)
+    assert m.freqs_cis.dtype == torch.float32 and m.transformer.adapter.weight.dtype == torch.float16
+    out = m(_ids(2, 5), num_steps_no_grad=2, num_steps_with_grad=2, seed=[0, 1])
+    (out.logsumexp(-1).sum() * 128.0).backward()  # a static loss scale, as the fp16 trainer uses
+    assert m.transformer.adapter.weight.grad.dtype == torch.float16
+    assert torch.isfinite(m.transformer.adapter.weight.grad).all()
+    with torch.no_grad():
+        ref = get_provider(cfg).build_actor(cfg, seed=1)(_ids(2, 5), seed=[0, 1])
+        assert (m(_ids(2, 5), seed=[0, 1]) - ref).abs().max() < 0.1

@@ -1,0 +1,188 @@
+"""The decider: a LoRA-adapted causal-LM torso (LM head dropped) with an option readout.
+
+- **Pointer head**: query ``q = Q(h_answer)``, key ``k_j = K(h_j)`` from the last token of option
+  line ``j``, logit ``k_j . q / sqrt(pointer_dim)``; any number of options.
+- **Slot head**: ``num_slots`` logits from ``h_answer``; rendered slot ``j`` takes logit ``j``.
+- **Frozen readout** (the KL anchor): the same torso with the adapter disabled
+  (``peft``'s ``disable_adapter()``), read through its own (frozen, kept) LM head at the answer
+  position over the option-letter tokens ``A``, ``B``, ... (:func:`hobson.labels.prompt.letter_token_ids`),
+  with the final-logit soft-cap where the config has one (Gemma).
+
+Heads run in fp32 whatever the torso dtype (fp32 on CPU, bf16 on GPU when asked).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from hobson.decider.collate import Batch
+from hobson.errors import ConfigError, DataError
+from hobson.labels.prompt import MAX_OPTIONS, letter_token_ids
+
+
+def _projection(hidden: int, out: int, head_hidden: int) -> nn.Module:
+    if head_hidden == 0:
+        return nn.Linear(hidden, out)
+    return nn.Sequential(nn.Linear(hidden, head_hidden), nn.GELU(), nn.Linear(head_hidden, out))
+
+
+class PointerHead(nn.Module):
+    def __init__(self, hidden: int, pointer_dim: int, head_hidden: int = 0) -> None:
+        super().__init__()
+        self.pointer_dim = pointer_dim
+        self.query = _projection(hidden, pointer_dim, head_hidden)
+        self.key = _projection(hidden, pointer_dim, head_hidden)
+
+    def forward(self, answer: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
+        """``answer (B, H)``, ``options (B, N, H)`` -> logits ``(B, N)``."""
+        q = self.query(answer)  # (B, D)
+        k = self.key(options)  # (B, N, D)
+        return torch.einsum("bnd,bd->bn", k, q) / math.sqrt(self.pointer_dim)
+
+
+class SlotHead(nn.Module):
+    def __init__(self, hidden: int, num_slots: int, head_hidden: int = 0) -> None:
+        super().__init__()
+        self.num_slots = num_slots
+        self.out = _projection(hidden, num_slots, head_hidden)
+
+    def forward(self, answer: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
+        N = options.shape[1]
+        if N > self.num_slots:
+            raise DataError(f"a row has {N} options but the slot head has num_slots={self.num_slots}; "
+                            "raise num_slots or use head_type: pointer")
+        return self.out(answer)[:, :N]
+
+
+def build_head(head_type: str, hidden: int, *, pointer_dim: int, num_slots: int, head_hidden: int) -> nn.Module:
+    if head_type == "pointer":
+        return PointerHead(hidden, pointer_dim, head_hidden)
+    if head_type == "slot":
+        return SlotHead(hidden, num_slots, head_hidden)
+    raise ConfigError(f"head_type {head_type!r} is not one of pointer, slot")
+
+
+class Decider(nn.Module):
+    """Torso (optionally a ``PeftModel``) + head; ``forward(batch)`` gives rendered-order logits.
+
+    ``forward(None)`` returns a zero that touches every trainable parameter: a DDP rank with no
+    micro-batch in a step backpropagates it so it still joins the gradient all-reduce.
+    """
+
+    def __init__(self, torso: nn.Module, head: nn.Module, *, use_lora: bool,
+                 lm_head_weight: torch.Tensor | None = None, letter_ids: list[int] | None = None,
+                 softcap: float | None = None) -> None:
+        super().__init__()
+        self.torso = torso
+        self.head = head
+        self.use_lora = use_lora
+        self.softcap = softcap
+        # A buffer, not a parameter: DDP and the optimizer never see it; non-persistent so it
+        # stays out of state dicts (it is the base model's own, reloaded with the torso).
+        self.register_buffer("lm_head_weight", lm_head_weight, persistent=False)
+        self.letter_ids = letter_ids
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def _hidden(self, batch: Batch) -> torch.Tensor:
+        return self.torso(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+
+    def forward(self, batch: Batch | None) -> dict[str, torch.Tensor | None]:
+        if batch is None:
+            return {"zero": sum(p.sum() for p in self.trainable_parameters()) * 0.0}
+        hidden = self._hidden(batch)  # (B, T, H)
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        answer = hidden[rows, batch.answer_pos].float()  # (B, H)
+        options = hidden[rows[:, None], batch.option_pos].float()  # (B, N, H)
+        logits = self.head(answer, options)
+        frozen = self.frozen_logits(batch, hidden) if self.lm_head_weight is not None else None
+        return {"logits": logits, "frozen_logits": frozen}
+
+    @torch.no_grad()
+    def frozen_logits(self, batch: Batch, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """The frozen torso's option-letter logits ``(B, N)`` in rendered order (no gradient)."""
+        N = batch.option_pos.shape[1]
+        if N > MAX_OPTIONS:
+            raise DataError(f"a row has {N} options; the frozen readout reads letters A..Z, so at most "
+                            f"{MAX_OPTIONS} (set kl_frozen_weight: 0 for longer option lists)")
+        if self.use_lora:
+            with self.torso.disable_adapter():
+                hidden = self._hidden(batch)
+        elif hidden is None:
+            hidden = self._hidden(batch)
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        answer = hidden[rows, batch.answer_pos]  # (B, H)
+        w = self.lm_head_weight[self.letter_ids[:N]]  # (N, H)
+        logits = (answer @ w.T).float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        if not self.use_lora:
+            return {}
+        from peft import get_peft_model_state_dict
+
+        return {k: v.detach().clone().contiguous() for k, v in get_peft_model_state_dict(self.torso).items()}
+
+    def load_adapter_state(self, state: dict[str, torch.Tensor]) -> None:
+        if not self.use_lora:
+            if state:
+                raise ConfigError("the checkpoint holds a LoRA adapter but use_lora is false")
+            return
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(self.torso, state)
+        unexpected = getattr(result, "unexpected_keys", [])
+        if unexpected:
+            raise ConfigError(f"adapter keys not in this model: {', '.join(unexpected[:5])}")
+
+    def head_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone().contiguous() for k, v in self.head.state_dict().items()}
+
+
+def load_torso(path: str, *, dtype: torch.dtype, attn_implementation: str,
+               keep_lm_head: bool) -> tuple[nn.Module, torch.Tensor | None, float | None]:
+    """The causal LM's decoder (its ``base_model``), its LM head weight if asked, its soft-cap."""
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+    torso = lm.base_model
+    weight = lm.get_output_embeddings().weight.detach() if keep_lm_head else None
+    config = getattr(lm.config, "text_config", lm.config)
+    softcap = getattr(config, "final_logit_softcapping", None)
+    return torso, weight, softcap
+
+
+def build_decider(cfg: Any, tokenizer: Any, device: torch.device | str = "cpu") -> Decider:
+    """Torso from ``cfg.base_model``, LoRA on ``cfg.lora_targets``, head; seeded by ``cfg.seed``."""
+    dtype = torch.bfloat16 if cfg.bf16 else torch.float32
+    torso, lm_w, softcap = load_torso(cfg.base_model, dtype=dtype, attn_implementation=cfg.attn_implementation,
+                                      keep_lm_head=cfg.kl_frozen_weight > 0)
+    for p in torso.parameters():
+        p.requires_grad_(False)
+    if cfg.gradient_checkpointing:
+        # Non-reentrant: works with a frozen embedding (no enable_input_require_grads) and with DDP.
+        torso.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # Seed after loading so LoRA A and the head draw the same numbers in every process.
+    torch.manual_seed(cfg.seed)
+    if cfg.use_lora:
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                          target_modules=list(cfg.lora_targets), bias="none")
+        try:
+            torso = get_peft_model(torso, lora)
+        except ValueError as e:
+            raise ConfigError(f"lora_targets {cfg.lora_targets}: {e}") from None
+    hidden = torso.config.hidden_size
+    head = build_head(cfg.head_type, hidden, pointer_dim=cfg.pointer_dim, num_slots=cfg.num_slots,
+                      head_hidden=cfg.head_hidden)
+    letter_ids = letter_token_ids(tokenizer) if lm_w is not None else None
+    model = Decider(torso, head, use_lora=cfg.use_lora, lm_head_weight=lm_w, letter_ids=letter_ids, softcap=softcap)
+    return model.to(device)

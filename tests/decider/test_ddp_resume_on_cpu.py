@@ -1,0 +1,150 @@
+"""DDP equals one process, and checkpoint/resume is bit-exact (CPU, gloo).
+
+One config (tests/decider/conftest.py): 40 rows, micro-batches of 3, 3 per optimizer step, 2
+epochs = 10 steps crossing an epoch boundary after step 5; LoRA, pointer head, teacher KL,
+frozen-torso KL, KL-only rows (weight 0) and weights 0.5/1/2. Multi-rank runs are forked ranks
+(``run_local_ranks``); the one-process reference runs inside pytest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hobson.decider.config import load_train_config
+from hobson.decider.train import PREEMPT_EXIT_CODE, recipe_main, run_local_ranks
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 10
+
+
+@pytest.fixture(scope="module")
+def runs(config_factory, tmp_path_factory):
+    """``run(name, world, **overrides) -> run dir`` (cached by name); trace in ``<dir>/trace``."""
+    root = tmp_path_factory.mktemp("runs")
+    done: dict[str, Path] = {}
+
+    def run(name: str, world: int, output: str | None = None, **over) -> Path:
+        if name not in done:
+            d = root / name
+            d.mkdir()
+            out = root / (output or name) / "out"
+            cfg = config_factory(d / "train.yaml", out, trace_dir=str(d / "trace"), **over)
+            if world == 1 and name == "w1":
+                assert recipe_main(load_train_config(cfg)) == 0
+            else:
+                run_local_ranks(str(cfg), [], world)
+            done[name] = root / (output or name)
+        return done[name]
+    return run
+
+
+def _tokens(run_dir: Path, step: int) -> dict[str, list[int]]:
+    merged: dict[str, list[int]] = {}
+    for f in sorted((run_dir / "trace").glob(f"tokens_step{step:04d}_rank*.json")):
+        part = json.loads(f.read_text())
+        assert not set(part) & set(merged), f"a row was rendered by two ranks at step {step}"
+        merged.update(part)
+    return merged
+
+
+def _final(run_dir: Path) -> tuple[dict, dict]:
+    final = run_dir / "out" / "final"
+    return load_file(str(final / "adapter.safetensors")), load_file(str(final / "head.safetensors"))
+
+
+def _assert_resumed_after(resumed: Path, step: int, full: Path) -> None:
+    """The resumed run trained only steps ``step+1..``, each on the uninterrupted run's exact gradient."""
+    traced = sorted(int(f.name[len("grads_step"):-3]) for f in (resumed / "trace").glob("grads_step*.pt"))
+    assert traced == list(range(step + 1, STEPS + 1))
+    for s in traced:
+        assert torch.equal(torch.load(resumed / "trace" / f"grads_step{s:04d}.pt"),
+                           torch.load(full / "trace" / f"grads_step{s:04d}.pt")), s
+
+
+def _assert_bit_identical(a: Path, b: Path) -> None:
+    (ad_a, hd_a), (ad_b, hd_b) = _final(a), _final(b)
+    assert ad_a.keys() == ad_b.keys() and hd_a.keys() == hd_b.keys() and ad_a
+    for k in ad_a:
+        assert torch.equal(ad_a[k], ad_b[k]), k
+    for k in hd_a:
+        assert torch.equal(hd_a[k], hd_b[k]), k
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_ddp_gradients_and_rendering_equal_one_process(runs, world):
+    one = runs("w1", 1)
+    many = runs(f"w{world}", world)
+    idle_seen = False
+    worst = 0.0
+    for step in range(1, STEPS + 1):
+        ref_tokens = _tokens(one, step)
+        got_tokens = _tokens(many, step)
+        assert got_tokens == ref_tokens, f"step {step}: rows rendered differently"
+        per_rank = [json.loads(f.read_text()) for f in (many / "trace").glob(f"tokens_step{step:04d}_rank*.json")]
+        assert len(per_rank) == world
+        idle_seen |= any(not p for p in per_rank)
+        g1 = torch.load(one / "trace" / f"grads_step{step:04d}.pt")
+        gn = torch.load(many / "trace" / f"grads_step{step:04d}.pt")
+        rel = float((g1 - gn).norm() / g1.norm())
+        assert rel < 1e-5, f"world {world} step {step}: relative gradient difference {rel:.2e}"
+        worst = max(worst, rel)
+    print(f"world {world}: worst per-step relative gradient difference {worst:.2e}")
+    # 3 micro-batches per step (2 in an epoch's last step): at 3 and 4 ranks some rank sits a
+    # step out and must still join the all-reduce.
+    assert idle_seen == (world >= 3)
+    assert not list((many / "trace").glob(f"grads_step{STEPS + 1:04d}.pt"))
+
+
+def test_stop_and_resume_one_rank_bit_identical(runs):
+    full = runs("w1", 1)
+    stopped = runs("w1_stop", 1, stop_after_steps=3)
+    ckpts = sorted(p.name for p in (stopped / "out" / "checkpoints").iterdir())
+    assert ckpts == ["step_00000003"] and not (stopped / "out" / "final").exists()
+    resumed = runs("w1_resume", 1, output="w1_stop")  # a fresh process, same output_dir
+    _assert_resumed_after(resumed.parent / "w1_resume", 3, full)
+    _assert_bit_identical(full, resumed)
+
+
+def test_stop_and_resume_two_ranks_bit_identical(runs):
+    full = runs("w2", 2)
+    stopped = runs("w2_stop", 2, stop_after_steps=3)
+    assert (stopped / "out" / "checkpoints" / "step_00000003" / "trainer_state.pt").is_file()
+    state = torch.load(stopped / "out" / "checkpoints" / "step_00000003" / "trainer_state.pt", weights_only=False)
+    assert state["world_size"] == 2 and len(state["rng"]) == 2 and state["sampler"]["step"] == 3
+    resumed = runs("w2_resume", 2, output="w2_stop")
+    _assert_resumed_after(resumed.parent / "w2_resume", 3, full)
+    _assert_bit_identical(full, resumed)
+
+
+def test_usr2_checkpoints_then_resume_matches(runs, config_factory, tmp_path, subprocess_env):
+    full = runs("w1", 1)
+    out = tmp_path / "usr2" / "out"
+    cfg = config_factory(tmp_path / "usr2.yaml", out)
+    proc = subprocess.Popen([sys.executable, "-m", "jobs.train", "--config", str(cfg)], cwd=REPO, env=subprocess_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("{") and json.loads(line).get("step") == 2 and "loss" in json.loads(line):
+            os.kill(proc.pid, signal.SIGUSR2)
+            break
+    rest, err = proc.communicate(timeout=300)
+    lines.extend(rest.splitlines())
+    assert proc.returncode == PREEMPT_EXIT_CODE, f"exit {proc.returncode}\n{''.join(lines)}\n{err}"
+    records = [json.loads(x) for x in lines if x.startswith("{")]
+    at = next(r["preempted_at_step"] for r in records if "preempted_at_step" in r)
+    assert 2 <= at < STEPS
+    assert [p.name for p in (out / "checkpoints").iterdir()] == [f"step_{at:08d}"]
+    assert not (out / "final").exists()
+    resumed = runs("usr2_resume", 1, output=str(tmp_path / "usr2"))
+    _assert_resumed_after(full.parent / "usr2_resume", at, full)
+    _assert_bit_identical(full, resumed)

@@ -1,0 +1,76 @@
+"""The teacher scorer: a causal LM's next-token distribution over the option letters.
+
+Batches are left padded, with position ids counted from each row's first real token, so every
+row's last real token sits at the last position and one logit row per sequence is computed
+(``logits_to_keep=1``) instead of a full-vocabulary logit for every position.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from hobson.errors import ConfigError
+from hobson.labels.prompt import letter_token_ids, render_prompt
+
+
+class LMOptionScorer:
+    """Scores rows with ``model`` (any HF causal LM) and ``tokenizer``; see ``RowScorer``."""
+
+    def __init__(self, model: Any, tokenizer: Any, device: str = "cpu") -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.letter_ids = letter_token_ids(tokenizer)
+        pad = tokenizer.pad_token_id
+        # Pad positions are masked out, so any id works when a tokenizer has no pad token.
+        self.pad_id = pad if pad is not None else 0
+
+    def encode(self, row: dict[str, Any]) -> list[int]:
+        return self.tokenizer(render_prompt(row))["input_ids"]
+
+    def lengths(self, rows: Sequence[dict[str, Any]]) -> list[int]:
+        return [len(self.encode(r)) for r in rows]
+
+    def score_batch(self, rows: Sequence[dict[str, Any]]) -> list[list[float]]:
+        import torch
+
+        ids = [self.encode(r) for r in rows]
+        width = max(len(x) for x in ids)
+        input_ids = torch.full((len(ids), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(ids), width), dtype=torch.long)
+        for k, x in enumerate(ids):
+            input_ids[k, width - len(x):] = torch.tensor(x, dtype=torch.long)
+            mask[k, width - len(x):] = 1
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        with torch.inference_mode():
+            logits = self.model(
+                input_ids=input_ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                position_ids=positions.to(self.device),
+                logits_to_keep=1,
+            ).logits[:, -1, :]  # (B, V): the next-token logits after each row's last real token
+            letters = logits[:, self.letter_ids].float()  # (B, 26)
+            out = []
+            for k, row in enumerate(rows):
+                n = len(row["options"])
+                out.append(torch.softmax(letters[k, :n], dim=-1).cpu().tolist())
+        return out
+
+
+def load_causal_lm(
+    model_dir: str | os.PathLike, device: str = "cpu", dtype: str = "float32"
+) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` from a local HF directory, in eval mode on ``device``; no download."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not os.path.isdir(model_dir):
+        raise ConfigError(f"--teacher {model_dir}: not a directory "
+                          "(expected a local Hugging Face causal-LM directory)")
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+    model = model.to(device=device, dtype=torch_dtype).eval()
+    return model, tokenizer

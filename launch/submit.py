@@ -94,6 +94,11 @@ def cmd_recipe(args: argparse.Namespace) -> int:
     if args.dry_run:
         if backend == "slurm":
             print(SlurmBackend(prof, args.ngpu).dry_run(jobs, paths))
+        elif backend == "aws":
+            from launch.backends.aws import AwsBackend, recipe_argv  # needs boto3 (the [aws] extra)
+
+            aws = AwsBackend(args.aws_config, args.ngpu, allow_dirty=args.allow_dirty)
+            print(aws.dry_run(recipe_argv(args), paths))
         else:
             for j in jobs:
                 arr = f" [array {len(j.shards)} tasks, {j.throttle} at once]" if j.is_array else ""
@@ -122,7 +127,10 @@ def cmd_recipe(args: argparse.Namespace) -> int:
         print(f"  status : python launch/submit.py status {paths.run_dir}")
         return 0
     else:
-        raise HobsonError("the aws backend is not available yet; use --backend local")
+        from launch.backends.aws import AwsBackend, recipe_argv
+
+        code = AwsBackend(args.aws_config, args.ngpu, allow_dirty=args.allow_dirty,
+                          follow=not args.detach).run(recipe_argv(args), paths)
     _print_where(paths, jobs, code)
     return code
 
@@ -147,12 +155,21 @@ def _print_where(paths: RunPaths, jobs: list[dag.JobSpec], code: int) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     paths = RunPaths.attach(args.run)
+    if read_run_json(paths).get("backend") == "aws":  # mirror the host's record from S3 first
+        from launch.backends.aws import AwsBackend
+
+        print(AwsBackend.for_run(paths).status(paths))
     print(status.render(paths, all_shards=args.shards))
     return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
     paths = RunPaths.attach(args.run)
+    if read_run_json(paths).get("backend") == "aws":  # read from the S3 mirror (saved into the logs dir too)
+        from launch.backends.aws import AwsBackend
+
+        sys.stdout.write(AwsBackend.for_run(paths).logs(paths, args.stage, args.task))
+        return 0
     if args.stage is None:
         for p in sorted(paths.logs_dir.glob("*.log")):
             print(p)
@@ -183,6 +200,11 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         prof = load_config(meta["options"]["cluster"], ClusterProfile)
         print(SlurmBackend(prof, meta["options"]["ngpu"]).cancel(paths))
         return 0
+    if meta["backend"] == "aws":
+        from launch.backends.aws import AwsBackend
+
+        print(AwsBackend.for_run(paths).cancel(paths))
+        return 0
     raise HobsonError(f"cancel is not available for the {meta['backend']} backend yet")
 
 
@@ -190,6 +212,9 @@ def cmd_retry(args: argparse.Namespace) -> int:
     """Re-plan the run's stages; finished jobs and shards are skipped by their recorded digests."""
     paths = RunPaths.attach(args.run)
     meta = read_run_json(paths)
+    if meta["backend"] == "aws":  # a new host holds none of the finished outputs: nothing to skip there
+        raise HobsonError("retry is not available for aws runs; run `recipe` again (or locally with the "
+                          "fetched outputs: --backend local --run-dir " + str(paths.run_dir) + ")")
     opts = meta["options"]
     ns = argparse.Namespace(
         stages=opts["stages"], ngpu=opts["ngpu"], config=Path(opts["config"]), cluster=Path(opts["cluster"]),
@@ -207,6 +232,18 @@ def cmd_retry(args: argparse.Namespace) -> int:
     if not todo:
         return 0
     return cmd_recipe(ns)
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    """AWS runs: copy the run record, logs and outputs the host mirrored to S3 into the run directory."""
+    paths = RunPaths.attach(args.run)
+    if read_run_json(paths).get("backend") != "aws":
+        raise HobsonError("fetch is for runs on the aws backend; this run's outputs are already local")
+    from launch.backends.aws import AwsBackend
+
+    files = AwsBackend.for_run(paths).fetch(paths)
+    print(f"fetched {len(files)} files into {paths.run_dir} and {paths.logs_dir}")
+    return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -272,6 +309,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="corpus size multiplier (overrides corpus.scale; 1.0 is the pinned default)")
     r.add_argument("--teacher", default=None,
                    help="local HF causal-LM directory for the teacher (default: the embedded tiny teacher)")
+    r.add_argument("--aws-config", type=Path, default=None,
+                   help="aws backend: instance types, regions, bucket, host settings (default configs/aws.yaml)")
+    r.add_argument("--allow-dirty", action="store_true",
+                   help="aws backend: ship uncommitted changes (and their diff) instead of refusing a dirty tree")
+    r.add_argument("--detach", action="store_true",
+                   help="aws backend: return once the run started on the host; follow it later with status")
     r.set_defaults(fn=cmd_recipe)
 
     s = sub.add_parser("status", help="each stage of a run with state, wall time, rows and sha256")
@@ -294,6 +337,10 @@ def build_parser() -> argparse.ArgumentParser:
     rt.add_argument("run", help="run directory or run id")
     rt.add_argument("--dry-run", action="store_true", help="print what would be resubmitted")
     rt.set_defaults(fn=cmd_retry)
+
+    f = sub.add_parser("fetch", help="aws runs: copy records, logs and outputs from S3 into the run directory")
+    f.add_argument("run", help="run directory or run id")
+    f.set_defaults(fn=cmd_fetch)
 
     v = sub.add_parser("verify", help="re-hash every output of a run against its record")
     v.add_argument("run", help="run directory or run id")

@@ -58,6 +58,24 @@ def _scrubbed_os_environ() -> Iterator[None]:
         os.environ.update(saved)
 
 
+def _torchrun_command(python: str, gpus_per_node: int, stagerun_argv: list[str]) -> str:
+    """One srun task per node, each a torchrun of ``gpus_per_node`` ranks; rendezvous on the first host.
+
+    The port comes from the job id so two training jobs sharing a host never collide.
+    """
+    run = shlex.join([python, "-m", "torch.distributed.run", "--nnodes=$SLURM_NNODES",
+                      f"--nproc_per_node={max(gpus_per_node, 1)}", "--rdzv_backend=c10d", "--rdzv_id=$SLURM_JOB_ID",
+                      "--rdzv_endpoint=$HOBSON_RDZV", *stagerun_argv])
+    run = run.replace("'--nnodes=$SLURM_NNODES'", "--nnodes=$SLURM_NNODES").replace(
+        "'--rdzv_id=$SLURM_JOB_ID'", "--rdzv_id=$SLURM_JOB_ID").replace(
+        "'--rdzv_endpoint=$HOBSON_RDZV'", '--rdzv_endpoint="$HOBSON_RDZV"')
+    return "\n".join([
+        'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        'export HOBSON_RDZV="$head:$(( 20000 + SLURM_JOB_ID % 20000 ))"',
+        f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 {run}",
+    ])
+
+
 def max_array_size() -> int:
     """``MaxArraySize`` from ``scontrol show config`` (task ids run 0..MaxArraySize-1)."""
     out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=False).stdout
@@ -107,19 +125,23 @@ class SlurmBackend:
         if job.is_array:
             setup.append("export HOBSON_ARRAY_TASK=$SLURM_ARRAY_TASK_ID")
         setup += list(prof.setup)
+        if job.launcher == "torchrun":
+            command = _torchrun_command(prof.python, res.gpus, argv)
+        else:
+            command = "exec " + shlex.join([prof.python, *argv])
         if dep_ids is None:
             deps = [f"{{job:{a}}}" for a in job.after]
         else:
             deps = [i for a in job.after for i in dep_ids.get(a, [])]
         log = paths.logs_dir / (f"{job.name}_%a.log" if job.is_array else f"{job.name}.log")
         return render_sbatch(
-            "exec " + shlex.join([prof.python, *argv]),
+            command,
             job_name=f"hobson-{paths.run_dir.name}-{job.name}",
             output=str(log),
             array=array,
             nodes=res.nodes,
             gpus_per_node=res.gpus,
-            cpus_per_task=cpus,
+            cpus_per_task=cpus * max(res.gpus, 1) if job.launcher == "torchrun" else cpus,
             mem=f"{mem_gb}G",
             time=time_limit,
             partition=prof.partition,
@@ -191,32 +213,37 @@ class SlurmBackend:
     def query(job_ids: list[str]) -> tuple[str, dict[str, dict[str, str]]]:
         """One poll for the whole run: ``(source, {jobid or jobid_task: fields})``.
 
-        sacct first (one call however many tasks); squeue when accounting is down (it knows only
-        jobs still queued or running); the caller falls back to the run record's markers.
+        One ``squeue -t all`` call gives slurmctld's current view (it knows jobs until MinJobAge
+        after they end, and sees a cancellation at once); one ``sacct`` call gives history
+        (accounting lags the controller by a moment). Controller states win; without accounting
+        squeue alone answers; without either, the caller falls back to the run record.
+        Two calls per poll however many jobs and array tasks the run has.
         """
         if not job_ids:
             return "none", {}
+        env = scrubbed_environ()
+        rows: dict[str, dict[str, str]] = {}
+        sources = []
         fmt = "JobID,JobName%60,State,Elapsed,NodeList,ExitCode,AllocTRES%80"
         r = subprocess.run(["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids), f"--format={fmt}"],
-                           capture_output=True, text=True, check=False, env=scrubbed_environ())
+                           capture_output=True, text=True, check=False, env=env)
         if r.returncode == 0:
-            rows = {}
+            sources.append("sacct")
             for line in r.stdout.splitlines():
                 f = line.split("|")
                 if len(f) >= 7:
                     rows[f[0]] = {"state": f[2].split()[0] if f[2] else "", "elapsed": f[3], "node": f[4],
                                   "exit": f[5], "tres": f[6]}
-            return "sacct", rows
-        r = subprocess.run(["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i|%T|%M|%N"],
-                           capture_output=True, text=True, check=False, env=scrubbed_environ())
-        if r.returncode == 0:
-            rows = {}
+        r = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%M|%N"],
+                           capture_output=True, text=True, check=False, env=env)
+        if r.returncode == 0 or "Invalid job id" in r.stderr:  # every job already past MinJobAge
+            sources.append("squeue")
             for line in r.stdout.splitlines():
                 f = line.split("|")
                 if len(f) >= 4:
-                    rows[f[0]] = {"state": f[1], "elapsed": f[2], "node": f[3], "exit": "", "tres": ""}
-            return "squeue", rows
-        return "record", {}
+                    row = rows.setdefault(f[0], {"exit": "", "tres": ""})
+                    row.update(state=f[1], elapsed=f[2], node=f[3] or row.get("node", ""))
+        return ("+".join(sources) or "record"), rows
 
     def cancel(self, paths: RunPaths) -> str:
         ids = self.job_ids(read_run_json(paths))

@@ -57,6 +57,19 @@ def _describe_output(paths: RunPaths, spec: str) -> dict:
     return entry
 
 
+def _injected_fault(stage: str, shard: int | None) -> None:
+    """TEST-ONLY fault injection: ``HOBSON_TEST_FAIL=stage[:shard],...`` fails those tasks.
+
+    The Slurm tests use it to make one array task fail and then check that retry resubmits
+    only that task. It fails before any output is written, exactly like a crashed stage.
+    """
+    for item in filter(None, os.environ.get("HOBSON_TEST_FAIL", "").split(",")):
+        name, _, which = item.partition(":")
+        if name == stage and (not which or (shard is not None and int(which) == shard)):
+            print(f"[hobson] HOBSON_TEST_FAIL: injected failure of {item}", file=sys.stderr, flush=True)
+            raise SystemExit(42)
+
+
 def main(argv: list[str] | None = None) -> int:
     args, job_args = _parse(list(sys.argv[1:] if argv is None else argv))
     run_dir = Path(args.run_dir).resolve()
@@ -78,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
           + f" on {os.environ.get('SLURMD_NODENAME') or socket.gethostname()} at {start}", flush=True)
     error = None
     try:
+        _injected_fault(args.stage, shard)
         # A dotted name is a module path (tests run their own small jobs); else jobs.<job>.
         module = importlib.import_module(args.job if "." in args.job else f"jobs.{args.job}")
         code = module.main(job_args) or 0
@@ -97,12 +111,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             traceback.print_exc()
     wall = time.monotonic() - t0
+    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 hashes outputs and records the stage
+        return code
     record = {
         "stage": args.stage, "shard": shard, "task": task,
         "start_utc": start, "end_utc": utc_now(), "wall_s": round(wall, 3),
         "gpus": args.gpus, "cpus": args.cpus, "exit_code": code,
         "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
-        "job_id": os.environ.get("SLURM_JOB_ID"), "pid": os.getpid(),
+        "job_id": os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID"), "pid": os.getpid(),
     }
     if code == 0:
         record["outputs"] = [_describe_output(paths, o) for o in outputs]
@@ -117,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     if error:
         record["error"] = error[-2000:]
     record["status"] = "ok" if code == 0 else "failed"
+    record["world_size"] = int(os.environ.get("WORLD_SIZE", "1"))
     append_stage_record(paths, record)
     print(f"[hobson] stage {args.stage} {record['status']} (exit {code}) in {wall:.1f}s", flush=True)
     return code

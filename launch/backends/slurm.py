@@ -76,6 +76,14 @@ def _torchrun_command(python: str, gpus_per_node: int, stagerun_argv: list[str])
     ])
 
 
+def _client(cmd: list[str], env: dict[str, str], timeout: float = 30) -> subprocess.CompletedProcess | None:
+    """A Slurm client call that can neither hang a poll nor crash it: None when it cannot answer."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, check=False, env=env, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
 def max_array_size() -> int:
     """``MaxArraySize`` from ``scontrol show config`` (task ids run 0..MaxArraySize-1)."""
     out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=False).stdout
@@ -225,18 +233,16 @@ class SlurmBackend:
         rows: dict[str, dict[str, str]] = {}
         sources = []
         fmt = "JobID,JobName%60,State,Elapsed,NodeList,ExitCode,AllocTRES%80"
-        r = subprocess.run(["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids), f"--format={fmt}"],
-                           capture_output=True, text=True, check=False, env=env)
-        if r.returncode == 0:
+        r = _client(["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids), f"--format={fmt}"], env)
+        if r and r.returncode == 0:
             sources.append("sacct")
             for line in r.stdout.splitlines():
                 f = line.split("|")
                 if len(f) >= 7:
                     rows[f[0]] = {"state": f[2].split()[0] if f[2] else "", "elapsed": f[3], "node": f[4],
                                   "exit": f[5], "tres": f[6]}
-        r = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%M|%N"],
-                           capture_output=True, text=True, check=False, env=env)
-        if r.returncode == 0 or "Invalid job id" in r.stderr:  # every job already past MinJobAge
+        r = _client(["squeue", "-h", "-r", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%M|%N"], env)
+        if r and (r.returncode == 0 or "Invalid job id" in r.stderr):  # every job already past MinJobAge
             sources.append("squeue")
             for line in r.stdout.splitlines():
                 f = line.split("|")

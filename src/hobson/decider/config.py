@@ -41,12 +41,15 @@ class TrainConfig:
     teacher_files: list[str] = field(default_factory=list)  # {"i", "probs"} lines; i indexes train rows
     val_file: str | None = None  # validated on rank 0 in canonical order with the base instruction
     tokenizer: str | None = None  # defaults to base_model
+    # Start adapter and head from this checkpoint (they keep training); it fixes INIT_FIXED_KEYS.
+    init_from: str | None = None
 
     # --- model ----------------------------------------------------------------------------
     head_type: str = "pointer"  # pointer: any option count; slot: at most num_slots options
     pointer_dim: int = 64
     head_hidden: int = 0  # 0: linear query/key projections; >0: one GELU hidden layer of this width
     num_slots: int = 8
+    head_ensemble: int = 1  # >1: that many heads, logits averaged (what a soup of N checkpoints holds)
     use_lora: bool = True  # false trains the head alone on a frozen torso
     lora_r: int = 8
     lora_alpha: int = 16  # usually 2 * lora_r
@@ -59,12 +62,22 @@ class TrainConfig:
     gradient_checkpointing: bool = False
     bf16: bool = False  # GPU only; CPU runs in fp32
     attn_implementation: str = "sdpa"
+    freeze_torso: bool = False  # train the head alone (the LoRA adapter, if any, stays as loaded)
+    # Gemma 3n/4: keep the per-layer embedding table in host memory (one process only, no torchrun).
+    host_embeddings: bool = False
 
     # --- loss -----------------------------------------------------------------------------
     score_smoothing: float = 0.1  # ordinal smoothing epsilon for score rows
     kl_teacher_weight: float = 1.0
     kl_frozen_weight: float = 0.0  # KL to the frozen torso's option-letter readout
     kl_direction: str = "forward"  # forward: KL(target||model); reverse: KL(model||target)
+    # The frozen-KL target is this checkpoint's own (calibrated) distribution instead of the frozen
+    # torso's letter readout; it may have another torso and tokenizer (it renders rows its own way,
+    # options in the same canonical slots). Needs precompute_frozen_kl: true.
+    kl_frozen_reference: str | None = None
+    # Compute every training row's frozen-KL target once before step 1 (canonical option order,
+    # base instruction) instead of a second, adapter-disabled forward per micro-batch.
+    precompute_frozen_kl: bool = False
 
     # --- optimisation -----------------------------------------------------------------------
     seed: int = 0
@@ -104,7 +117,7 @@ class TrainConfig:
         if self.device not in DEVICES:
             problems.append(f"device {self.device!r} is not one of {', '.join(DEVICES)}")
         for key in ("epochs", "micro_batch_size", "grad_accum", "max_length", "pointer_dim", "num_slots",
-                    "lora_r", "length_group_chunk", "val_batch_size", "log_every"):
+                    "head_ensemble", "lora_r", "length_group_chunk", "val_batch_size", "log_every"):
             if getattr(self, key) < 1:
                 problems.append(f"{key} must be >= 1, got {getattr(self, key)}")
         for key in ("warmup_steps", "checkpoint_every", "keep_checkpoints", "eval_every", "num_threads",
@@ -121,6 +134,13 @@ class TrainConfig:
             problems.append(f"stop_after_steps must be >= 1 or null, got {self.stop_after_steps}")
         if not self.train_files:
             problems.append("train_files is empty; list at least one corpus JSONL file")
+        if self.kl_frozen_reference and not self.precompute_frozen_kl:
+            problems.append("kl_frozen_reference is computed once before step 1; set precompute_frozen_kl: true")
+        if self.kl_frozen_reference and self.kl_frozen_weight <= 0:
+            problems.append("kl_frozen_reference needs kl_frozen_weight > 0 (it is the frozen-KL target)")
+        if self.freeze_torso and self.use_lora and not self.init_from:
+            problems.append("freeze_torso with use_lora trains nothing but a head on a zero adapter; set "
+                            "init_from: <checkpoint> (to keep its adapter) or use_lora: false")
         if self.bf16 and self.device == "cpu":
             problems.append("bf16 is for GPUs; set bf16: false for a CPU run (CPU trains in fp32)")
         if problems:
@@ -131,25 +151,112 @@ def load_train_config(path: str | os.PathLike, overrides: list[str] | tuple[str,
     """Read ``path`` into a :class:`TrainConfig`, then apply ``key=value`` overrides (YAML values).
 
     An unknown key in the file or in an override is an error naming it (and the file and line).
+    The keys the file or the overrides contain are remembered (:func:`explicit_keys`): with
+    ``init_from`` a key *present* counts as set, even at its default value, and every such key
+    that conflicts with the checkpoint is named in one error before any model is loaded.
     """
     cfg = load_config(path, TrainConfig)
-    if not overrides:
+    explicit = set(_yaml_keys(path))
+    if overrides:
+        data = dataclasses.asdict(cfg)
+        names = {f.name for f in dataclasses.fields(TrainConfig)}
+        bad = []
+        for item in overrides:
+            key, sep, value = item.partition("=")
+            key = key.strip()
+            if not sep:
+                bad.append(f"override {item!r} is not key=value")
+            elif key not in names:
+                bad.append(f"override {item!r}: unknown key '{key}'; allowed: {', '.join(sorted(names))}")
+            else:
+                data[key] = yaml.safe_load(value)
+                explicit.add(key)
+        if bad:
+            raise ConfigError("invalid overrides for " + str(path) + ":\n  " + "\n  ".join(bad))
+        cfg = config_from_dict(data, TrainConfig, origin=f"{path} (with overrides)")
+    _set_explicit(cfg, explicit)
+    return resolve_init_from(cfg, origin=str(path))
+
+
+def _yaml_keys(path: str | os.PathLike) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        data = yaml.safe_load(f) or {}
+    return list(data) if isinstance(data, dict) else []
+
+
+def _set_explicit(cfg: TrainConfig, keys: set[str] | frozenset[str]) -> None:
+    # An attribute, not a field: it stays out of asdict(), config.json and resume checks.
+    object.__setattr__(cfg, "_explicit_keys", frozenset(keys))
+
+
+def explicit_keys(cfg: TrainConfig) -> frozenset[str]:
+    """Keys the YAML file or overrides contained; for a config built in code, the keys whose value
+    differs from the default (required keys included)."""
+    known = getattr(cfg, "_explicit_keys", None)
+    if known is not None:
+        return known
+    out = set()
+    for f in dataclasses.fields(TrainConfig):
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
+            out.add(f.name)
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        if getattr(cfg, f.name) != default:
+            out.add(f.name)
+    return frozenset(out)
+
+
+# What a checkpoint fixes for a run that starts from it (init_from): the torso, the adapter's shape
+# and the head's shape. max_length and tokenizer are taken from it unless the config sets them.
+INIT_FIXED_KEYS = ("base_model", "num_slots", "head_type", "pointer_dim", "head_hidden", "use_lora", "lora_r",
+                   "lora_alpha", "lora_targets", "force_bos")
+INIT_TAKEN_KEYS = INIT_FIXED_KEYS + ("head_ensemble",)
+INIT_DEFAULTED_KEYS = ("max_length", "tokenizer")
+
+
+def _same(key: str, a: object, b: object) -> bool:
+    if a == b:
+        return True
+    if key in ("base_model", "tokenizer") and isinstance(a, str) and isinstance(b, str):
+        return os.path.realpath(a) == os.path.realpath(b)
+    return False
+
+
+def init_conflicts(saved: dict, cfg: TrainConfig) -> list[str]:
+    """Keys of INIT_FIXED_KEYS present in the config with a value other than the checkpoint's."""
+    explicit = explicit_keys(cfg)
+    now = config_to_dict(cfg)
+    return [f"{k}: checkpoint {saved.get(k)!r}, config {now[k]!r}" for k in INIT_FIXED_KEYS
+            if k in explicit and k in saved and not _same(k, saved[k], now[k])]
+
+
+def resolve_init_from(cfg: TrainConfig, origin: str = "config") -> TrainConfig:
+    """With ``init_from``: refuse conflicting keys (all named at once), then take the checkpoint's
+    fixed keys (and max_length/tokenizer unless set). Reads only the checkpoint's config.json."""
+    if not cfg.init_from:
         return cfg
-    data = dataclasses.asdict(cfg)
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
-    bad = []
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep:
-            bad.append(f"override {item!r} is not key=value")
-        elif key not in names:
-            bad.append(f"override {item!r}: unknown key '{key}'; allowed: {', '.join(sorted(names))}")
-        else:
-            data[key] = yaml.safe_load(value)
-    if bad:
-        raise ConfigError("invalid overrides for " + str(path) + ":\n  " + "\n  ".join(bad))
-    return config_from_dict(data, TrainConfig, origin=f"{path} (with overrides)")
+    import json
+
+    path = os.path.join(cfg.init_from, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"init_from {cfg.init_from}: not a decider checkpoint ({path}: {e})") from None
+    conflicts = init_conflicts(saved, cfg)
+    if conflicts:
+        raise ConfigError(f"{origin}: init_from {cfg.init_from} fixes these keys, which the config sets to other "
+                          "values:\n  " + "\n  ".join(conflicts)
+                          + "\nremove them from the config (they are taken from the checkpoint) or set them "
+                          "to the checkpoint's values")
+    explicit = explicit_keys(cfg)
+    updates = {k: saved[k] for k in INIT_TAKEN_KEYS if k in saved}
+    updates.update({k: saved[k] for k in INIT_DEFAULTED_KEYS if k in saved and k not in explicit})
+    data = config_to_dict(cfg)
+    data.update(updates)
+    resolved = config_from_dict(data, TrainConfig, origin=f"{origin} (init_from {cfg.init_from})")
+    _set_explicit(resolved, explicit)
+    return resolved
 
 
 def config_to_dict(cfg: TrainConfig) -> dict:

@@ -58,7 +58,26 @@ class SlotHead(nn.Module):
         return self.out(answer)[:, :N]
 
 
-def build_head(head_type: str, hidden: int, *, pointer_dim: int, num_slots: int, head_hidden: int) -> nn.Module:
+class EnsembleHead(nn.Module):
+    """``N`` heads of one type whose logits are averaged: the readout of a soup of ``N`` models.
+
+    ``logits = (1/N) sum_i head_i(answer, options)``; the state dict holds ``heads.<i>.<name>``.
+    """
+
+    def __init__(self, heads: list[nn.Module]) -> None:
+        super().__init__()
+        self.heads = nn.ModuleList(heads)
+
+    def forward(self, answer: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
+        return torch.stack([h(answer, options) for h in self.heads]).mean(0)
+
+
+def build_head(head_type: str, hidden: int, *, pointer_dim: int, num_slots: int, head_hidden: int,
+               ensemble: int = 1) -> nn.Module:
+    """One head, or an :class:`EnsembleHead` of ``ensemble`` heads (a soup's readout)."""
+    if ensemble > 1:
+        return EnsembleHead([build_head(head_type, hidden, pointer_dim=pointer_dim, num_slots=num_slots,
+                                        head_hidden=head_hidden) for _ in range(ensemble)])
     if head_type == "pointer":
         return PointerHead(hidden, pointer_dim, head_hidden)
     if head_type == "slot":
@@ -85,6 +104,8 @@ class Decider(nn.Module):
         # stays out of state dicts (it is the base model's own, reloaded with the torso).
         self.register_buffer("lm_head_weight", lm_head_weight, persistent=False)
         self.letter_ids = letter_ids
+        # False when the frozen-KL targets were precomputed before step 1 (no second forward).
+        self.compute_frozen = True
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
@@ -100,7 +121,8 @@ class Decider(nn.Module):
         answer = hidden[rows, batch.answer_pos].float()  # (B, H)
         options = hidden[rows[:, None], batch.option_pos].float()  # (B, N, H)
         logits = self.head(answer, options)
-        frozen = self.frozen_logits(batch, hidden) if self.lm_head_weight is not None else None
+        frozen = (self.frozen_logits(batch, hidden)
+                  if self.lm_head_weight is not None and self.compute_frozen else None)
         return {"logits": logits, "frozen_logits": frozen}
 
     @torch.no_grad()
@@ -146,16 +168,67 @@ class Decider(nn.Module):
         return {k: v.detach().clone().contiguous() for k, v in self.head.state_dict().items()}
 
 
-def load_torso(path: str, *, dtype: torch.dtype, attn_implementation: str,
-               keep_lm_head: bool) -> tuple[nn.Module, torch.Tensor | None, float | None]:
-    """The causal LM's decoder (its ``base_model``), its LM head weight if asked, its soft-cap."""
+def text_decoder(lm: nn.Module) -> nn.Module:
+    """The decoder stack of a causal LM; for a multimodal wrapper (Gemma 3/3n/4) its text model.
+
+    ``Gemma4ForConditionalGeneration.model`` holds ``language_model`` beside vision and audio
+    encoders; only the language model is kept (the encoders are dropped with the wrapper), so LoRA
+    targets such as ``q_proj`` never match a vision or audio module.
+    """
+    inner = lm.base_model
+    text = getattr(inner, "language_model", None)
+    return inner if text is None else text
+
+
+PER_LAYER_EMBEDDINGS = ("embed_tokens_per_layer",)
+
+
+def keep_embeddings_on_host(torso: nn.Module) -> list[str]:
+    """Leave the per-layer embedding tables (Gemma 3n/4) in host memory when the torso moves to a GPU.
+
+    The table's module is pinned to the CPU: ``Module.to``/``cuda`` skip it (its ``_apply`` is a
+    no-op), its input ids are moved to the CPU and its output back to the ids' device by hooks.
+    One process only: under torchrun every rank would hold its own copy in host memory.
+    """
+    names = []
+    for name, module in torso.named_modules():
+        if name.rsplit(".", 1)[-1] not in PER_LAYER_EMBEDDINGS:
+            continue
+        module._apply = _stay_put(module)  # type: ignore[method-assign]
+        module.register_forward_pre_hook(_ids_to_host)
+        module.register_forward_hook(_output_to_ids_device)
+        names.append(name)
+    return names
+
+
+def _stay_put(module: nn.Module):
+    def _apply(fn, *args, **kwargs):
+        return module
+    return _apply
+
+
+def _ids_to_host(module: nn.Module, args: tuple) -> tuple:
+    module._hobson_device = args[0].device
+    return (args[0].cpu(), *args[1:])
+
+
+def _output_to_ids_device(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+    return output.to(module._hobson_device)
+
+
+def load_torso(path: str, *, dtype: torch.dtype, attn_implementation: str, keep_lm_head: bool,
+               host_embeddings: bool = False) -> tuple[nn.Module, torch.Tensor | None, float | None]:
+    """The causal LM's text decoder, its LM head weight if asked, its final-logit soft-cap."""
     from transformers import AutoModelForCausalLM
 
     lm = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
-    torso = lm.base_model
+    torso = text_decoder(lm)
     weight = lm.get_output_embeddings().weight.detach() if keep_lm_head else None
     config = getattr(lm.config, "text_config", lm.config)
     softcap = getattr(config, "final_logit_softcapping", None)
+    if host_embeddings and not keep_embeddings_on_host(torso):
+        raise ConfigError(f"host_embeddings: true but {path} has no per-layer embedding table "
+                          f"({', '.join(PER_LAYER_EMBEDDINGS)}); set host_embeddings: false")
     return torso, weight, softcap
 
 
@@ -163,7 +236,8 @@ def build_decider(cfg: Any, tokenizer: Any, device: torch.device | str = "cpu") 
     """Torso from ``cfg.base_model``, LoRA on ``cfg.lora_targets``, head; seeded by ``cfg.seed``."""
     dtype = torch.bfloat16 if cfg.bf16 else torch.float32
     torso, lm_w, softcap = load_torso(cfg.base_model, dtype=dtype, attn_implementation=cfg.attn_implementation,
-                                      keep_lm_head=cfg.kl_frozen_weight > 0)
+                                      keep_lm_head=cfg.kl_frozen_weight > 0 and not cfg.kl_frozen_reference,
+                                      host_embeddings=cfg.host_embeddings)
     for p in torso.parameters():
         p.requires_grad_(False)
     if cfg.gradient_checkpointing:
@@ -180,9 +254,12 @@ def build_decider(cfg: Any, tokenizer: Any, device: torch.device | str = "cpu") 
             torso = get_peft_model(torso, lora)
         except ValueError as e:
             raise ConfigError(f"lora_targets {cfg.lora_targets}: {e}") from None
+        if cfg.freeze_torso:  # the head trains alone; the adapter stays as init_from loads it
+            for p in torso.parameters():
+                p.requires_grad_(False)
     hidden = torso.config.hidden_size
     head = build_head(cfg.head_type, hidden, pointer_dim=cfg.pointer_dim, num_slots=cfg.num_slots,
-                      head_hidden=cfg.head_hidden)
+                      head_hidden=cfg.head_hidden, ensemble=cfg.head_ensemble)
     letter_ids = letter_token_ids(tokenizer) if lm_w is not None else None
     model = Decider(torso, head, use_lora=cfg.use_lora, lm_head_weight=lm_w, letter_ids=letter_ids, softcap=softcap)
     return model.to(device)

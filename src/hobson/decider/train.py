@@ -113,6 +113,10 @@ class DeciderTrainRecipe:
         self.device = torch.device(f"cuda:{self.local_rank}" if use_cuda else "cpu")
         if cfg.bf16 and self.device.type == "cpu":
             raise ConfigError("bf16 is for GPUs; set bf16: false for a CPU run (CPU trains in fp32)")
+        if cfg.host_embeddings and self.world_size > 1:
+            raise ConfigError(f"host_embeddings: true keeps the per-layer embedding table in this process's host "
+                              f"memory and works in one process only, but WORLD_SIZE={self.world_size} "
+                              "(torchrun); set host_embeddings: false or run one process")
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         self.output_dir = Path(cfg.output_dir)
@@ -161,6 +165,16 @@ class DeciderTrainRecipe:
 
     def _setup_model(self) -> None:
         self.model: Decider = build_decider(self.cfg, self.tokenizer, self.device)
+        resuming = self.cfg.resume and latest_checkpoint(self.checkpoint_root) is not None
+        if self.cfg.init_from and not resuming:  # a resumed run loads its own newer weights instead
+            init = load_checkpoint(self.cfg.init_from, trainer_state=False)
+            self.model.load_adapter_state(init.adapter)
+            self.model.head.load_state_dict(init.head)
+            self._log({"init_from": self.cfg.init_from})
+        self.frozen_targets: dict[int, list[float]] | None = None
+        if self.cfg.precompute_frozen_kl and self.cfg.kl_frozen_weight > 0:
+            self.frozen_targets = self._precompute_frozen_targets()
+            self.model.compute_frozen = False
         self.named_params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self.params = [p for _, p in self.named_params]
         if self.world_size > 1:
@@ -171,6 +185,45 @@ class DeciderTrainRecipe:
                            broadcast_buffers=False)
         else:
             self.ddp = self.model
+
+    @torch.no_grad()
+    def _precompute_frozen_targets(self) -> dict[int, list[float]]:
+        """Every training row's frozen-KL target, canonical order, computed once before step 1.
+
+        From ``kl_frozen_reference`` (that checkpoint's calibrated distribution, rendered with its
+        own tokenizer and settings) or else from the frozen torso's option-letter readout. Every
+        rank computes the same targets from the same rows in the same batches.
+        """
+        from hobson.decider.predict import load_decider, predict_logits, probabilities, softmax
+
+        cfg = self.cfg
+        if cfg.kl_frozen_reference:
+            ref = load_decider(cfg.kl_frozen_reference, self.device)
+            probs = probabilities(predict_logits(ref, self.rows, cfg.val_batch_size), self.rows, ref.temperatures)
+            del ref
+        else:
+            collator = Collator(self.tokenizer, max_length=cfg.max_length, force_bos=cfg.force_bos, seed=0,
+                                shuffle=False)
+            order = sorted(range(len(self.rows)), key=lambda i: (self.lengths[i], i))
+            probs = [None] * len(self.rows)
+            self.model.eval()
+            for start in range(0, len(order), cfg.val_batch_size):
+                idx = order[start:start + cfg.val_batch_size]
+                batch = collator.collate([(i, self.rows[i]) for i in idx]).to(self.device)
+                logits = self.model.frozen_logits(batch)
+                for b, i in enumerate(idx):
+                    probs[i] = softmax(logits[b, : len(self.rows[i]["options"])].double().cpu().tolist())
+            self.model.train()
+        self._log({"frozen_targets": len(probs), "from": cfg.kl_frozen_reference or "frozen torso"})
+        return dict(enumerate(probs))
+
+    def _frozen_logits(self, batch: Batch) -> torch.Tensor:
+        """Log of the precomputed targets as ``(B, N)`` canonical-order logits (padding 0, masked)."""
+        out = torch.zeros(batch.option_mask.shape, dtype=torch.float32)
+        for b, i in enumerate(batch.row_index):
+            p = torch.tensor(self.frozen_targets[i], dtype=torch.float32).clamp(min=1e-12)
+            out[b, : p.numel()] = p.log()
+        return out.to(batch.option_mask.device)
 
     def _setup_optimizer(self) -> None:
         cfg = self.cfg
@@ -294,9 +347,13 @@ class DeciderTrainRecipe:
     def _loss(self, batch: Batch, out: dict[str, torch.Tensor | None]) -> tuple[torch.Tensor, dict]:
         cfg = self.cfg
         frozen = out["frozen_logits"]
+        if frozen is not None:
+            frozen = to_canonical(frozen, batch.perm)
+        elif self.frozen_targets is not None:
+            frozen = self._frozen_logits(batch)  # already canonical
         return decider_loss(
             to_canonical(out["logits"], batch.perm), batch.option_mask, batch.label, batch.is_score, batch.weight,
-            batch.teacher, batch.has_teacher, None if frozen is None else to_canonical(frozen, batch.perm),
+            batch.teacher, batch.has_teacher, frozen,
             score_eps=cfg.score_smoothing, kl_teacher_weight=cfg.kl_teacher_weight,
             kl_frozen_weight=cfg.kl_frozen_weight, kl_direction=cfg.kl_direction)
 

@@ -52,6 +52,8 @@ class JobSpec:
         """Arguments of ``python -m hobson.stagerun`` that run this job and record it."""
         argv = ["-m", "hobson.stagerun", "--run-dir", run_dir, "--stage", self.name, "--job", self.job,
                 "--gpus", str(self.resources.gpus), "--cpus", str(self.resources.cpus)]
+        if self.launcher == "torchrun":
+            argv += ["--torchrun", str(max(self.resources.gpus, 1))]
         if self.shards is not None:
             argv += ["--shards", format_spec(self.shards)]
         for o in self.outputs:
@@ -94,6 +96,8 @@ TEACHER_CORPUS = "data/multistep/train.jsonl"
 # Training files in the order the training set concatenates them; the teacher's rows are
 # shifted by the line counts of the files before its corpus.
 TRAIN_FILES = [f"data/{s}/train.jsonl" for s in ("build", "multistep", "generated", "adequacy", "catchall")]
+EVAL_FILES = [f.replace("/train.jsonl", "/eval.jsonl") for f in TRAIN_FILES]
+CHECKPOINT_FILES = ("adapter.safetensors", "head.safetensors", "config.json")
 
 
 def _with_rows(ctx: PlanContext, rel: str) -> str:
@@ -123,7 +127,7 @@ def _fetch(ctx: PlanContext) -> list[JobSpec]:
     )]
 
 
-def _labelling(name: str, corpus: str, out: str, model_args: Callable[[PlanContext], list[str]],
+def _labelling(name: str, job: str, corpus: str, out: str, model_args: Callable[[PlanContext], list[str]],
                num_shards: Callable[[PlanContext], int], extra_inputs: Callable[[PlanContext], list[str]],
                max_tokens: Callable[[PlanContext], int], max_rows: Callable[[PlanContext], int],
                ) -> Callable[[PlanContext], list[JobSpec]]:
@@ -136,7 +140,7 @@ def _labelling(name: str, corpus: str, out: str, model_args: Callable[[PlanConte
         with_rows = lambda rel: rel if rows is None else f"{rel}={rows}"  # one output row per corpus row
         shard_out = f"{stem}.shard{{shard}}of{n}.jsonl"
         array = JobSpec(
-            name=name, stage=name, job="teacher",
+            name=name, stage=name, job=job,
             job_args=["--corpus", f"{ctx.run_dir}/{corpus}", "--out", f"{ctx.run_dir}/{out}",
                       "--num-shards", str(n), "--shards", "{shards}",
                       "--max-batch-tokens", str(max_tokens(ctx)), "--max-batch-rows", str(max_rows(ctx)),
@@ -170,6 +174,117 @@ def _default_shards(ctx: PlanContext) -> int:
     return ctx.config.teacher.shards or max(ctx.ngpu, 1)
 
 
+def _abs(ctx: PlanContext, rels: list[str]) -> list[str]:
+    return [f"{ctx.run_dir}/{r}" for r in rels]
+
+
+def _checkpoint(rel_dir: str) -> list[str]:
+    return [f"{rel_dir}/{f}" for f in CHECKPOINT_FILES]
+
+
+def _training(name: str, config: Callable[[PlanContext], str], teacher_file: str, out_dir: str,
+              init_from: Callable[[PlanContext], str | None] = lambda ctx: None,
+              ) -> Callable[[PlanContext], list[JobSpec]]:
+    """A torchrun job of ``--ngpu`` ranks; DDP trains exactly the one-process gradient."""
+
+    def jobs(ctx: PlanContext) -> list[JobSpec]:
+        torso = _torso(ctx)
+        overrides = [f"base_model={torso}", f"train_files=[{','.join(_abs(ctx, TRAIN_FILES))}]",
+                     f"teacher_files=[{ctx.run_dir}/{teacher_file}]", "val_file=null",
+                     f"output_dir={ctx.run_dir}/{out_dir}"]
+        if (ckpt := init_from(ctx)) is not None:
+            overrides.append(f"init_from={ckpt}")
+        return [JobSpec(
+            name=name, stage=name, job="train", launcher="torchrun",
+            job_args=["--config", _config_path(config(ctx)), *overrides],
+            inputs=[*TRAIN_FILES, teacher_file], outputs=_checkpoint(f"{out_dir}/final"),
+            resources=Resources(gpus=max(ctx.ngpu, 1), cpus=1, mem_gb=64, time="08:00:00"),
+        )]
+
+    return jobs
+
+
+def _torso(ctx: PlanContext) -> str:
+    """The base LM: decider.torso, else the teacher model, else the embedded tiny model the teacher built."""
+    return ctx.config.decider.torso or ctx.config.teacher.model or f"{ctx.run_dir}/models/teacher"
+
+
+def _config_path(p: str) -> str:
+    from pathlib import Path
+
+    from hobson.records import REPO_ROOT
+
+    path = Path(p)
+    return str(path.resolve() if path.exists() else REPO_ROOT / p)
+
+
+def _distill(ctx: PlanContext) -> list[JobSpec]:
+    rows = ctx.expected_rows(TEACHER_CORPUS)
+    out = "labels/final_teacher.jsonl"
+    return [JobSpec(
+        name="distill", stage="distill", job="distill",
+        job_args=["--train-files", *_abs(ctx, TRAIN_FILES), "--teacher", f"{ctx.run_dir}/labels/teacher_train.jsonl",
+                  "--replay", f"{ctx.run_dir}/labels/replay_train.jsonl", "--out", f"{ctx.run_dir}/{out}"],
+        inputs=[*TRAIN_FILES, "labels/teacher_train.jsonl", "labels/replay_train.jsonl"],
+        outputs=[out if rows is None else f"{out}={rows}"], resources=Resources(cpus=1, mem_gb=8),
+    )]
+
+
+def _calibrate(ctx: PlanContext) -> list[JobSpec]:
+    return [JobSpec(
+        name="calibrate", stage="calibrate", job="calibrate",
+        job_args=["--checkpoint", f"{ctx.run_dir}/train/final", "--out", f"{ctx.run_dir}/calibrated",
+                  "--eval-files", *_abs(ctx, EVAL_FILES), "--min-kind-rows", str(ctx.config.decider.min_kind_rows)],
+        inputs=[*_checkpoint("train/final"), *EVAL_FILES],
+        outputs=[*_checkpoint("calibrated"), "calibrated/temperatures.json"],
+        resources=Resources(gpus=1, cpus=2, mem_gb=16, time="01:00:00"),
+    )]
+
+
+def _eval_args(ctx: PlanContext) -> list[str]:
+    return ["--eval-files", *_abs(ctx, EVAL_FILES), "--catchall", f"{ctx.run_dir}/data/catchall/eval.jsonl",
+            "--consistency", f"{ctx.run_dir}/data/generated/consistency.jsonl",
+            "--flip", f"{ctx.run_dir}/data/generated/flip.jsonl"]
+
+
+EVAL_INPUTS = [*EVAL_FILES, "data/generated/consistency.jsonl", "data/generated/flip.jsonl"]
+REPORT_FILES = ("report.json", "report.md", "predictions.jsonl", "reliability.png")
+
+
+def _eval(ctx: PlanContext) -> list[JobSpec]:
+    return [JobSpec(
+        name="eval", stage="eval", job="evaluate",
+        job_args=["--checkpoint", f"{ctx.run_dir}/calibrated", "--out", f"{ctx.run_dir}/eval", *_eval_args(ctx)],
+        inputs=[*_checkpoint("calibrated"), *EVAL_INPUTS], outputs=[f"eval/{f}" for f in REPORT_FILES],
+        resources=Resources(gpus=1, cpus=2, mem_gb=16, time="01:00:00"),
+    )]
+
+
+def _release(ctx: PlanContext) -> list[JobSpec]:
+    """One final model per seed (an array, one GPU each), then soup, calibrate and evaluate the soup."""
+    d = ctx.config.decider
+    seeds = sorted(set(d.seeds))
+    torso = _torso(ctx)
+    train = JobSpec(
+        name="release-train", stage="release", job="train",
+        job_args=["--config", _config_path(d.train_config), f"base_model={torso}",
+                  f"train_files=[{','.join(_abs(ctx, TRAIN_FILES))}]",
+                  f"teacher_files=[{ctx.run_dir}/labels/final_teacher.jsonl]", "val_file=null",
+                  "seed={shard}", f"output_dir={ctx.run_dir}/seeds/{{shard}}"],
+        inputs=[*TRAIN_FILES, "labels/final_teacher.jsonl"], outputs=_checkpoint("seeds/{shard}/final"),
+        resources=Resources(gpus=1, cpus=2, mem_gb=64, time="08:00:00"),
+        shards=seeds, num_shards=len(seeds), throttle=min(len(seeds), max(ctx.ngpu, 1)),
+    )
+    soup = JobSpec(
+        name="release-soup", stage="release", job="release",
+        job_args=[*[f"{ctx.run_dir}/seeds/{s}/final" for s in seeds], "--out", f"{ctx.run_dir}/release",
+                  *_eval_args(ctx)],
+        inputs=EVAL_INPUTS, outputs=[f"release/eval/{f}" for f in REPORT_FILES],
+        resources=Resources(gpus=1, cpus=2, mem_gb=16, time="02:00:00"), after=["release-train"],
+    )
+    return [train, soup]
+
+
 STAGES: list[Stage] = [
     Stage("build", _corpus_stage("build"), after_if_named=("fetch",), help="short-task rows"),
     Stage("fetch", _fetch, help="public raw datasets listed in the fetch config"),
@@ -179,13 +294,33 @@ STAGES: list[Stage] = [
     Stage("adequacy", _corpus_stage("adequacy"), after_if_named=("fetch",), help="request/response adequacy"),
     Stage("catchall", _corpus_stage("catchall"), after_if_named=("fetch",), help="'none of these' rows"),
     Stage("teacher", _labelling(
-        "teacher", TEACHER_CORPUS, "labels/teacher.jsonl", _teacher_model_args, _default_shards,
+        "teacher", "teacher", TEACHER_CORPUS, "labels/teacher.jsonl", _teacher_model_args, _default_shards,
         extra_inputs=lambda ctx: [], max_tokens=lambda ctx: ctx.config.teacher.max_batch_tokens,
         max_rows=lambda ctx: ctx.config.teacher.max_batch_rows),
         help="label the multi-step rows with the frozen teacher (array + merge)"),
+    Stage("parent", _training("parent", lambda ctx: ctx.config.decider.parent_config, "labels/teacher_train.jsonl",
+                              "parent"), help="train the parent (torchrun over --ngpu ranks)"),
+    Stage("replay", _labelling(
+        "replay", "replay", TEACHER_CORPUS, "labels/replay.jsonl",
+        lambda ctx: ["--checkpoint", f"{ctx.run_dir}/parent/final"],
+        lambda ctx: ctx.config.decider.replay_shards or max(ctx.ngpu, 1),
+        extra_inputs=lambda ctx: _checkpoint("parent/final"),
+        max_tokens=lambda ctx: ctx.config.decider.replay_max_batch_tokens,
+        max_rows=lambda ctx: ctx.config.decider.replay_max_batch_rows),
+        help="label the multi-step rows with the parent (array + merge)"),
+    Stage("distill", _distill,
+          help="final targets: teacher rows that agree with gold, replay for the rest (alone: the frozen-targets "
+               "route from existing teacher and replay files, no parent)"),
+    Stage("train", _training("train", lambda ctx: ctx.config.decider.train_config, "labels/final_teacher.jsonl",
+                             "train", init_from=lambda ctx: ctx.config.decider.init_from),
+          help="train the final model (torchrun over --ngpu ranks)"),
+    Stage("calibrate", _calibrate, help="fit temperatures on the held-out calibration half"),
+    Stage("eval", _eval, help="accuracy, ECE, NLL, Brier per kind and task; report and reliability diagram"),
+    Stage("release", _release, help="one final model per seed (--seeds), souped, calibrated and evaluated"),
 ]
 # `fetch` is listed after `build` above for readability of `--help`; DAG order comes from edges.
-ALL = ["build", "fetch", "multistep", "generated", "adequacy", "catchall", "teacher"]
+ALL = ["build", "fetch", "multistep", "generated", "adequacy", "catchall", "teacher", "parent", "replay", "distill",
+       "train", "calibrate", "eval"]
 BY_NAME = {s.name: s for s in STAGES}
 
 

@@ -36,9 +36,23 @@ class TeacherOptions:
 
 
 @dataclass
+class DeciderOptions:
+    parent_config: str = "configs/train-parent.yaml"
+    train_config: str = "configs/train.yaml"
+    torso: str | None = None  # base causal LM for parent and final model; None: the embedded tiny model
+    init_from: str | None = None  # fine-tune the final model from this checkpoint (--ckpt)
+    replay_shards: int | None = None  # None: one shard per GPU (--ngpu)
+    replay_max_batch_tokens: int = 4096
+    replay_max_batch_rows: int = 64
+    min_kind_rows: int = 100  # calibration fits a per-kind temperature from this many rows up
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # `recipe release`: one final model per seed
+
+
+@dataclass
 class RecipeConfig:
     corpus: CorpusOptions = field(default_factory=CorpusOptions)
     teacher: TeacherOptions = field(default_factory=TeacherOptions)
+    decider: DeciderOptions = field(default_factory=DeciderOptions)
 
 
 @dataclass

@@ -72,6 +72,12 @@ def _load_recipe(args: argparse.Namespace) -> tuple[RecipeConfig, ClusterProfile
         cfg.corpus.seed = args.seed
     if args.teacher is not None:
         cfg.teacher.model = str(Path(args.teacher).resolve())
+    for flag, key in (("train_config", "train_config"), ("parent_config", "parent_config"), ("ckpt", "init_from"),
+                      ("torso", "torso")):
+        if getattr(args, flag, None) is not None:
+            setattr(cfg.decider, key, str(Path(getattr(args, flag)).resolve()))
+    if getattr(args, "seeds", None):
+        cfg.decider.seeds = args.seeds
     prof = load_config(args.cluster, ClusterProfile)
     if args.partition:
         prof.partition = args.partition
@@ -109,10 +115,13 @@ def cmd_recipe(args: argparse.Namespace) -> int:
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     options = {"stages": args.stages, "ngpu": args.ngpu, "config": str(args.config),
                "cluster": str(args.cluster), "partition": prof.partition, "account": prof.account,
-               "scale": cfg.corpus.scale, "seed": cfg.corpus.seed, "teacher": cfg.teacher.model}
+               "scale": cfg.corpus.scale, "seed": cfg.corpus.seed, "teacher": cfg.teacher.model,
+               "train_config": cfg.decider.train_config, "parent_config": cfg.decider.parent_config,
+               "ckpt": cfg.decider.init_from, "torso": cfg.decider.torso, "seeds": cfg.decider.seeds}
     if paths.run_json.exists():
         meta = read_run_json(paths)
-        meta.setdefault("invocations", []).append({"command": sys.argv, "options": options})
+        meta.setdefault("invocations", []).append({"command": sys.argv, "options": options, "backend": backend})
+        meta["backend"] = backend  # the latest invocation's backend answers status and cancel
     else:
         meta = new_run_json(paths, argv=sys.argv, backend=backend, options=options, config_digests=digests)
     write_run_json(paths, meta)
@@ -141,11 +150,19 @@ def _print_where(paths: RunPaths, jobs: list[dag.JobSpec], code: int) -> None:
     print(f"  record : {paths.run_json}")
     print(f"  stages : {paths.stages_jsonl}")
     print(f"  logs   : {paths.logs_dir}")
-    outs = [o.split("=")[0] for j in jobs if not j.is_array for o in j.outputs]
-    for o in outs:
-        p = paths.abs(o)
-        if p.exists():
-            print(f"  output : {p}")
+    last = {j.stage: j for j in jobs if not j.is_array}  # a stage's final job holds its results
+    for job in last.values():
+        outs = [paths.abs(o.split("=")[0]) for o in job.outputs]
+        dirs = sorted({str(p.parent) for p in outs if p.exists()})
+        if dirs:
+            print(f"  {job.stage:<9}: " + ", ".join(dirs))
+    report = paths.abs("eval/report.md")
+    if code == 0 and any(j.stage == "eval" for j in jobs) and report.exists():
+        # the overall and per-kind tables; per task and the pair sets are in the report
+        text = report.read_text().split("## Per task")[0]
+        print()
+        print(text.strip())
+        print(f"\n  report : {report}\n  plots  : {paths.abs('eval/reliability.png')}")
     print(f"  status : python launch/submit.py status {paths.run_dir}")
 
 
@@ -219,7 +236,9 @@ def cmd_retry(args: argparse.Namespace) -> int:
     ns = argparse.Namespace(
         stages=opts["stages"], ngpu=opts["ngpu"], config=Path(opts["config"]), cluster=Path(opts["cluster"]),
         partition=opts.get("partition"), account=opts.get("account"), scale=opts.get("scale"),
-        seed=opts.get("seed"), teacher=opts.get("teacher"), backend=meta["backend"], run_dir=str(paths.run_dir),
+        seed=opts.get("seed"), teacher=opts.get("teacher"), train_config=opts.get("train_config"),
+        parent_config=opts.get("parent_config"), ckpt=opts.get("ckpt"), torso=opts.get("torso"),
+        seeds=opts.get("seeds"), backend=meta["backend"], run_dir=str(paths.run_dir),
         logs_dir=str(paths.logs_dir.parent), dry_run=args.dry_run,
     )
     cfg, _, _ = _load_recipe(ns)
@@ -309,6 +328,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="corpus size multiplier (overrides corpus.scale; 1.0 is the pinned default)")
     r.add_argument("--teacher", default=None,
                    help="local HF causal-LM directory for the teacher (default: the embedded tiny teacher)")
+    r.add_argument("--train-config", default=None,
+                   help="training config of the final model (overrides decider.train_config; default "
+                        "configs/train.yaml)")
+    r.add_argument("--parent-config", default=None,
+                   help="training config of the parent (overrides decider.parent_config)")
+    r.add_argument("--ckpt", default=None,
+                   help="fine-tune the final model from this decider checkpoint (init_from)")
+    r.add_argument("--torso", default=None,
+                   help="base causal-LM directory for parent and final model (default: the teacher's)")
+    r.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="`recipe release`: one final model per seed, then souped (default 0 1 2)")
     r.add_argument("--aws-config", type=Path, default=None,
                    help="aws backend: instance types, regions, bucket, host settings (default configs/aws.yaml)")
     r.add_argument("--allow-dirty", action="store_true",

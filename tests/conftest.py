@@ -39,3 +39,16 @@ def cli():
 @pytest.fixture
 def subprocess_env():
     return _env()
+
+
+@pytest.fixture(scope="session")
+def recipe_all_local(tmp_path_factory):
+    """`recipe all --ngpu 2 --backend local` once per session: (run_dir, logs_dir, stdout).
+
+    The local end-to-end tests read it, and the Slurm tests compare their outputs with it.
+    """
+    base = tmp_path_factory.mktemp("recipe-all-local")
+    run_dir = base / "run"
+    proc = run_cli("recipe", "all", "--ngpu", "2", "--backend", "local", "--run-dir", str(run_dir),
+                   "--logs-dir", str(base / "logs"), timeout=1800)
+    return run_dir, base / "logs" / "run", proc.stdout

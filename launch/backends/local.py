@@ -131,8 +131,6 @@ class LocalBackend:
         if shards is not None:  # a retry runs only the pending shards: task k -> shards[k]
             i = argv.index("--shards")
             argv[i + 1] = format_spec(shards)
-        if job.launcher == "torchrun":  # one process per GPU slot, rendezvous on this host
-            argv = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={max(len(slots), 1)}", *argv]
         log = open(paths.log(job.name, task), "ab")
         proc = subprocess.Popen([sys.executable, *argv], cwd=REPO_ROOT, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)

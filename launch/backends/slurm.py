@@ -58,21 +58,30 @@ def _scrubbed_os_environ() -> Iterator[None]:
         os.environ.update(saved)
 
 
-def _torchrun_command(python: str, gpus_per_node: int, stagerun_argv: list[str]) -> str:
-    """One srun task per node, each a torchrun of ``gpus_per_node`` ranks; rendezvous on the first host.
+def _torchrun_command(python: str, stagerun_argv: list[str], max_restarts: int) -> str:
+    """One srun task per node: the stage's torchrun agent (``stagerun --torchrun``), rendezvous on the first host.
 
-    The port comes from the job id so two training jobs sharing a host never collide.
+    The batch shell gets ``USR2`` before the time limit (``--signal=B:USR2@N``) or from
+    ``scancel --signal=USR2 --batch``, and passes it to the job step, whose agents pass it to
+    the ranks (torchrun itself dies on USR2). The ranks checkpoint and exit 75; the shell then
+    requeues the job, at most ``max_restarts`` times, and the next attempt resumes from that
+    checkpoint. The port comes from the job id so two training jobs sharing a host never collide.
     """
-    run = shlex.join([python, "-m", "torch.distributed.run", "--nnodes=$SLURM_NNODES",
-                      f"--nproc_per_node={max(gpus_per_node, 1)}", "--rdzv_backend=c10d", "--rdzv_id=$SLURM_JOB_ID",
-                      "--rdzv_endpoint=$HOBSON_RDZV", *stagerun_argv])
-    run = run.replace("'--nnodes=$SLURM_NNODES'", "--nnodes=$SLURM_NNODES").replace(
-        "'--rdzv_id=$SLURM_JOB_ID'", "--rdzv_id=$SLURM_JOB_ID").replace(
-        "'--rdzv_endpoint=$HOBSON_RDZV'", '--rdzv_endpoint="$HOBSON_RDZV"')
+    run = shlex.join([python, *stagerun_argv])
     return "\n".join([
         'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         'export HOBSON_RDZV="$head:$(( 20000 + SLURM_JOB_ID % 20000 ))"',
-        f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 {run}",
+        f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 {run} &",
+        "step=$!",
+        """trap 'echo "[hobson] USR2: passing it to the training step"; scancel --signal=USR2 "$SLURM_JOB_ID"' USR2""",
+        'wait "$step"; rc=$?',
+        'while kill -0 "$step" 2>/dev/null; do wait "$step"; rc=$?; done  # a trapped signal interrupts wait',
+        f'if [ "$rc" = 75 ] && [ "${{SLURM_RESTART_COUNT:-0}}" -lt {max_restarts} ]; then',
+        f'  echo "[hobson] checkpointed after USR2: requeue (restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of '
+        f'{max_restarts})"',
+        '  scontrol requeue "$SLURM_JOB_ID"',
+        "fi",
+        'exit "$rc"',
     ])
 
 
@@ -134,7 +143,10 @@ class SlurmBackend:
             setup.append("export HOBSON_ARRAY_TASK=$SLURM_ARRAY_TASK_ID")
         setup += list(prof.setup)
         if job.launcher == "torchrun":
-            command = _torchrun_command(prof.python, res.gpus, argv)
+            command = _torchrun_command(prof.python, argv, prof.max_restarts)
+            # each requeued attempt logs to its own file
+            attempt_log = f'{paths.logs_dir / job.name}.attempt${{SLURM_RESTART_COUNT}}.log'
+            setup.append(f'[ "${{SLURM_RESTART_COUNT:-0}}" -eq 0 ] || exec >>"{attempt_log}" 2>&1')
         else:
             command = "exec " + shlex.join([prof.python, *argv])
         if dep_ids is None:
@@ -158,6 +170,8 @@ class SlurmBackend:
             constraint=prof.constraint,
             exclusive=prof.exclusive,
             dependency=("afterok:" + ":".join(deps)) if deps else None,
+            signal=f"B:USR2@{prof.signal_seconds}" if job.launcher == "torchrun" else None,
+            requeue=job.launcher == "torchrun",
             extra=tuple(prof.extra_sbatch),
             setup=tuple(setup),
         )

@@ -41,7 +41,63 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--cpus", type=int, default=None, help="torch threads (recorded)")
     p.add_argument("--output", action="append", default=[],
                    help="REL[=ROWS]: an output relative to the run dir, with the row count expected")
+    p.add_argument("--torchrun", type=int, default=None, metavar="NPROC",
+                   help="run the stage under torchrun with NPROC ranks on this node, forwarding SIGUSR2 to the "
+                        "ranks (torchrun itself dies on USR2); rank 0 records the stage")
     return p.parse_args(own), job_args
+
+
+PREEMPTED = 75  # a training stage checkpointed after SIGUSR2 and wants its job requeued
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid``, from /proc (no psutil on compute nodes)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(d))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+def _run_torchrun(argv: list[str], nproc: int) -> int:
+    """Agent: torchrun over this node's ranks; USR2 goes to the ranks, which checkpoint and exit 75.
+
+    On Slurm the rendezvous is c10d on the first host of the allocation (``HOBSON_RDZV``); alone,
+    ``--standalone``. Every node's agent runs the same command.
+    """
+    import signal
+    import subprocess
+
+    i = argv.index("--torchrun")
+    inner = argv[:i] + argv[i + 2:]
+    if os.environ.get("HOBSON_RDZV"):
+        rdzv = [f"--nnodes={os.environ.get('SLURM_NNODES', '1')}", "--rdzv_backend=c10d",
+                f"--rdzv_id={os.environ.get('SLURM_JOB_ID', 'hobson')}", f"--rdzv_endpoint={os.environ['HOBSON_RDZV']}"]
+    else:
+        rdzv = ["--standalone"]
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *rdzv, f"--nproc_per_node={nproc}",
+                             "-m", "hobson.stagerun", *inner])
+    preempted = False
+
+    def forward(signum, frame) -> None:
+        nonlocal preempted
+        preempted = True
+        for child in _children(proc.pid):
+            try:
+                os.kill(child, signal.SIGUSR2)
+            except ProcessLookupError:
+                pass
+        print(f"[hobson] SIGUSR2: forwarded to the ranks of torchrun pid {proc.pid}", flush=True)
+
+    signal.signal(signal.SIGUSR2, forward)
+    code = proc.wait()
+    # torchrun reports a rank's exit 75 as its own failure: the agent knows it was a preemption
+    return PREEMPTED if preempted and code != 0 else code
 
 
 def _describe_output(paths: RunPaths, spec: str) -> dict:
@@ -71,7 +127,10 @@ def _injected_fault(stage: str, shard: int | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, job_args = _parse(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, job_args = _parse(argv)
+    if args.torchrun:
+        return _run_torchrun(argv, args.torchrun)
     run_dir = Path(args.run_dir).resolve()
     paths = RunPaths(run_dir, run_dir)  # the wrapper writes only the record; logs are the backend's
     shard = task_shard(parse_spec(args.shards), None) if args.shards else None
@@ -132,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             error = "; ".join(f"{o['path']}: {o.get('error') or 'rows ' + str(o['rows'])}" for o in bad)
     if error:
         record["error"] = error[-2000:]
-    record["status"] = "ok" if code == 0 else "failed"
+    record["status"] = "ok" if code == 0 else ("preempted" if code == PREEMPTED else "failed")
     record["world_size"] = int(os.environ.get("WORLD_SIZE", "1"))
     append_stage_record(paths, record)
     print(f"[hobson] stage {args.stage} {record['status']} (exit {code}) in {wall:.1f}s", flush=True)

@@ -33,10 +33,17 @@ def test_dry_run_has_the_teacher_array_and_its_merge(cli, tmp_path):
               "--run-dir", str(tmp_path / "r")).stdout
     jobs = out.split("# ===== job ")[1:]
     by_name = {j.split(":", 1)[1].split("(")[0].strip(): j for j in jobs}
-    teacher, merge = by_name["teacher"], by_name["teacher-merge"]
-    assert "#SBATCH --array=0-7%8" in teacher
-    assert "#SBATCH --gpus-per-node=1" in teacher
-    assert re.search(r"#SBATCH --dependency=afterok:\{job:teacher\}", merge)
+    assert sorted(by_name) == sorted(["fetch", "build", "multistep", "generated", "adequacy", "catchall", "teacher",
+                                      "teacher-merge", "parent", "replay", "replay-merge", "distill", "train",
+                                      "calibrate", "eval"])
+    for array in ("teacher", "replay"):
+        assert "#SBATCH --array=0-7%8" in by_name[array]
+        assert "#SBATCH --gpus-per-node=1" in by_name[array]
+        assert re.search(rf"#SBATCH --dependency=afterok:\{{job:{array}\}}", by_name[f"{array}-merge"])
+    for torchrun in ("parent", "train"):
+        assert "#SBATCH --gpus-per-node=8" in by_name[torchrun] and "--torchrun 8" in by_name[torchrun]
+        assert "#SBATCH --signal=B:USR2@120" in by_name[torchrun] and "#SBATCH --requeue" in by_name[torchrun]
+    assert "{job:parent}" in by_name["replay"] and "{job:distill}" in by_name["train"]
     order = list(by_name)
     for name, body in by_name.items():
         m = re.search(r"#SBATCH --dependency=afterok:(\S+)", body)

@@ -1,71 +1,73 @@
-"""`recipe build multistep teacher --ngpu 4` end to end on the local backend, then status and verify."""
+"""`recipe all --ngpu 2` end to end on the local backend, then status, verify, rerun and refusals."""
 
 import json
 
-import pytest
-
 from hobson.io import sha256_file
+from launch.dag import ALL
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    from tests.conftest import run_cli
-
-    base = tmp_path_factory.mktemp("recipe")
-    run_dir = base / "run"
-    proc = run_cli("recipe", "build", "multistep", "teacher", "--ngpu", "4", "--backend", "local",
-                   "--run-dir", str(run_dir), "--logs-dir", str(base / "logs"))
-    return run_dir, base / "logs" / "run", proc.stdout
-
-
-def test_runs_every_stage_and_prints_where_things_are(run):
-    run_dir, logs, out = run
-    assert "[teacher] 4 tasks done" in out and "[teacher-merge] ok" in out
-    assert f"output : {run_dir}/labels/teacher.jsonl" in out
-    for name in ("build", "multistep", "teacher_0", "teacher_3", "teacher-merge"):
-        assert (logs / f"{name}.log").exists()
+def test_runs_every_stage_and_prints_the_evaluation(recipe_all_local):
+    run_dir, logs, out = recipe_all_local
+    assert "[teacher] 2 tasks done" in out and "[replay] 2 tasks done" in out
+    assert "## Overall" in out and f"report : {run_dir}/eval/report.md" in out
+    for name in ("build", "multistep", "teacher_0", "teacher_1", "teacher-merge", "parent", "replay_1", "train",
+                 "calibrate", "eval"):
+        assert (logs / f"{name}.log").exists(), name
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["backend"] == "local" and meta["git"]["revision"] and meta["versions"]["torch"]
-    assert set(meta["config_digests"]) and "teacher" in meta["command"]
+    assert set(meta["config_digests"]) and "all" in meta["command"]
 
 
-def test_record_has_rows_and_digests_per_stage(run):
-    run_dir, _, _ = run
+def test_record_lists_every_stage_with_rows_and_digests(recipe_all_local):
+    run_dir, _, _ = recipe_all_local
     recs = [json.loads(line) for line in (run_dir / "stages.jsonl").read_text().splitlines()]
     by = {(r["stage"], r["shard"]): r for r in recs}
-    assert sorted(k for k in by if k[0] == "teacher") == [("teacher", s) for s in range(4)]
-    merge = by[("teacher-merge", None)]["outputs"]
-    assert merge[0]["path"] == "labels/teacher.jsonl" and merge[0]["rows"] == merge[0]["expected_rows"] == 1200
-    assert merge[0]["sha256"] == sha256_file(run_dir / "labels/teacher.jsonl") and merge[0]["ok"]
+    stages = {r["stage"] for r in recs}
+    assert stages == set(ALL) | {"teacher-merge", "replay-merge"}
     assert all(r["status"] == "ok" and r["exit_code"] == 0 and r["wall_s"] > 0 for r in recs)
-    assert all(r["gpus"] == 1 for r in recs if r["stage"] == "teacher")
-    shards = [by[("teacher", s)]["outputs"][0]["rows"] for s in range(4)]
-    assert sum(shards) == 1200
+    for r in recs:
+        for o in r["outputs"]:
+            assert o["ok"] and o["sha256"] == sha256_file(run_dir / o["path"]), o["path"]
+    for merge in ("teacher-merge", "replay-merge"):
+        out = by[(merge, None)]["outputs"][0]
+        assert out["rows"] == out["expected_rows"] == 1200
+    assert sorted(k for k in by if k[0] == "teacher") == [("teacher", 0), ("teacher", 1)]
+    assert by[("train", None)]["gpus"] == 2 and by[("train", None)]["world_size"] == 2
+    assert by[("parent", None)]["world_size"] == 2
 
 
-def test_status_shows_state_wall_rows_and_sha(cli, run):
-    run_dir, _, _ = run
+def test_final_model_beats_the_majority_baseline(recipe_all_local):
+    run_dir, _, _ = recipe_all_local
+    overall = json.loads((run_dir / "eval/report.json").read_text())["overall"]
+    assert overall["rows"] >= 1000
+    assert overall["accuracy"] > overall["majority_accuracy"]
+    assert overall["p_beats_majority"] < 0.01
+    assert (run_dir / "eval/reliability.png").stat().st_size > 1000
+
+
+def test_status_shows_state_wall_rows_and_sha(cli, recipe_all_local):
+    run_dir, _, _ = recipe_all_local
     out = cli("status", str(run_dir)).stdout
     line = next(ln for ln in out.splitlines() if ln.startswith("teacher-merge"))
     digest = sha256_file(run_dir / "labels/teacher.jsonl")[:12]
     assert " ok " in line and " 1200 " in line and digest in line
-    assert sum(1 for ln in out.splitlines() if ln.startswith("teacher ")) == 4
+    assert sum(1 for ln in out.splitlines() if ln.startswith("replay ")) == 2
 
 
-def test_rerun_skips_finished_stages(cli, run, tmp_path):
-    run_dir, _, _ = run
-    out = cli("recipe", "build", "multistep", "teacher", "--ngpu", "4", "--backend", "local",
-              "--run-dir", str(run_dir), "--logs-dir", str(tmp_path)).stdout
-    assert out.count("already done with matching digests: skipped") == 4
+def test_rerun_skips_finished_stages(cli, recipe_all_local, tmp_path):
+    run_dir, _, _ = recipe_all_local
+    out = cli("recipe", "all", "--ngpu", "2", "--backend", "local", "--run-dir", str(run_dir),
+              "--logs-dir", str(tmp_path)).stdout
+    assert out.count("already done with matching digests: skipped") == 15
 
 
-def test_verify_passes_then_names_a_changed_file(cli, run):
-    run_dir, _, _ = run
-    assert "16/16 outputs match" in cli("verify", str(run_dir)).stdout
+def test_verify_passes_then_names_a_changed_file(cli, recipe_all_local):
+    run_dir, _, _ = recipe_all_local
+    assert "outputs match their record" in cli("verify", str(run_dir)).stdout
     target = run_dir / "labels/teacher.jsonl"
-    data = bytearray(target.read_bytes())
-    data[100] ^= 1
     original = target.read_bytes()
+    data = bytearray(original)
+    data[100] ^= 1
     target.write_bytes(bytes(data))
     try:
         proc = cli("verify", str(run_dir), check=False)
@@ -75,8 +77,8 @@ def test_verify_passes_then_names_a_changed_file(cli, run):
         target.write_bytes(original)
 
 
-def test_stage_whose_input_changed_is_refused_naming_it(cli, run):
-    run_dir, _, _ = run
+def test_stage_whose_input_changed_is_refused_naming_it(cli, recipe_all_local):
+    run_dir, _, _ = recipe_all_local
     corpus = run_dir / "data/multistep/train.jsonl"
     original = corpus.read_bytes()
     corpus.write_bytes(original.replace(b"fastest", b"fastesT", 1))

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
-
-import pytest
 
 from hobson.io import sha256_file
 from hobson.records import RunPaths
@@ -37,42 +35,40 @@ def wait_all(slurm_jobs, meta: dict, deadline_s: float = 420, ids: list[str] | N
     return {r["JobID"]: r["State"].split()[0] for r in slurm_jobs.wait(*ids, deadline_s=deadline_s)}
 
 
-@pytest.fixture(scope="module")
-def one_process_teacher(tmp_path_factory) -> str:
-    """sha256 of the teacher file one process writes for the default corpus (the reference)."""
-    d = tmp_path_factory.mktemp("ref")
-    env = {"PYTHONPATH": f"{REPO}:{REPO / 'src'}"}
-    subprocess.run([sys.executable, "-m", "jobs.multistep", "--data-dir", str(d / "data")], cwd=REPO, check=True,
-                   env=env, capture_output=True)
-    subprocess.run([sys.executable, "-m", "jobs.teacher", "--corpus", str(d / "data/multistep/train.jsonl"),
-                    "--out", str(d / "teacher.jsonl"), "--default-teacher-dir", str(d / "models/teacher"),
-                    "--max-batch-tokens", "4096", "--max-batch-rows", "64", "--threads", "2"],
-                   cwd=REPO, check=True, env=env, capture_output=True)
-    return sha256_file(d / "teacher.jsonl")
+SAME_BYTES = ["labels/teacher.jsonl", "labels/teacher_train.jsonl", "labels/replay.jsonl", "labels/final_teacher.jsonl",
+              "parent/final/adapter.safetensors", "parent/final/head.safetensors",
+              "train/final/adapter.safetensors", "train/final/head.safetensors",
+              "calibrated/temperatures.json", "eval/predictions.jsonl"]
 
 
-def test_stages_run_as_jobs_with_arrays_and_afterok(tmp_path, slurm_jobs, one_process_teacher):
+def test_recipe_all_on_slurm_equals_the_local_run(tmp_path, slurm_jobs, recipe_all_local):
+    local_dir, _, _ = recipe_all_local
     run_dir = tmp_path / "run"
-    meta = submit(run_dir, *STAGES)
+    meta = submit(run_dir, "all")
     ids = job_ids(meta)
-    assert sorted(ids) == ["build", "multistep", "teacher", "teacher-merge"]
-    assert len({i for v in ids.values() for i in v}) == 4, "each stage is its own job"
-    states = wait_all(slurm_jobs, meta)
+    assert len(ids) == 15 and all(len(v) == 1 for v in ids.values())
+    assert len({v[0] for v in ids.values()}) == 15, "each stage is its own job"
+    states = wait_all(slurm_jobs, meta, deadline_s=1500)
     assert set(states.values()) == {"COMPLETED"}, states
 
-    # teacher ran as a 2-task array, one (fake) GPU per task
-    rows = slurm_jobs.sacct([ids["teacher"][0]], fields=("JobID", "State", "AllocTRES"))
-    tasks = {r["JobID"]: r for r in rows if re.fullmatch(rf"{ids['teacher'][0]}_\d+", r["JobID"])}
-    assert sorted(tasks) == [f"{ids['teacher'][0]}_0", f"{ids['teacher'][0]}_1"]
-    assert all("gres/gpu=1" in r["AllocTRES"] for r in tasks.values())
+    # labelling ran as 2-task arrays on one (fake) GPU each; training held both GPUs
+    for array in ("teacher", "replay"):
+        rows = slurm_jobs.sacct([ids[array][0]], fields=("JobID", "State", "AllocTRES"))
+        tasks = {r["JobID"]: r for r in rows if re.fullmatch(rf"{ids[array][0]}_\d+", r["JobID"])}
+        assert sorted(tasks) == [f"{ids[array][0]}_0", f"{ids[array][0]}_1"]
+        assert all("gres/gpu=1" in r["AllocTRES"] for r in tasks.values())
+    for torchrun in ("parent", "train"):
+        (row,) = slurm_jobs.sacct([ids[torchrun][0]], fields=("JobID", "State", "AllocTRES"))
+        assert "gres/gpu=2" in row["AllocTRES"], row
 
     # what was submitted is exactly what the dry-run renders, with real ids for the placeholders
     paths = RunPaths.attach(run_dir)
     by_job = {s["job"]: s for s in meta["submissions"]}
-    merge_script = Path(by_job["teacher-merge"]["script"]).read_text()
-    assert f"#SBATCH --dependency=afterok:{ids['teacher'][0]}:{ids['build'][0]}" in merge_script
-    assert "#SBATCH --kill-on-invalid-dep=yes" in merge_script
-    dry = run_cli("recipe", *STAGES, "--backend", "slurm", "--ngpu", "2", "--dry-run", "--run-dir",
+    for array in ("teacher", "replay"):
+        script = Path(by_job[f"{array}-merge"]["script"]).read_text()
+        assert re.search(rf"#SBATCH --dependency=afterok:{ids[array][0]}(:|$)", script, re.M)
+        assert "#SBATCH --kill-on-invalid-dep=yes" in script
+    dry = run_cli("recipe", "all", "--backend", "slurm", "--ngpu", "2", "--dry-run", "--run-dir",
                   str(tmp_path / "dry"), "--logs-dir", str(tmp_path / "logs")).stdout
     for name, sub in by_job.items():
         rendered = dry.split(f": {name} (stage")[1].split("# sbatch --parsable <script below>\n", 1)[1]
@@ -84,13 +80,15 @@ def test_stages_run_as_jobs_with_arrays_and_afterok(tmp_path, slurm_jobs, one_pr
             rendered = rendered.replace(f"{{job:{dep}}}", dep_ids[0])
         assert Path(sub["script"]).read_text() == rendered.rstrip("\n") + "\n", name
 
-    assert sha256_file(run_dir / "labels/teacher.jsonl") == one_process_teacher
+    # the same bytes as the local backend
+    for rel in SAME_BYTES:
+        assert sha256_file(run_dir / rel) == sha256_file(local_dir / rel), rel
     out = run_cli("status", str(run_dir)).stdout
     assert "state from sacct+squeue" in out
-    assert re.search(rf"teacher-merge\s+{ids['teacher-merge'][0]}\s+-\s+ok", out)
+    assert re.search(rf"train\s+{ids['train'][0]}\s+-\s+ok", out)
 
 
-def test_failed_task_blocks_the_merge_and_retry_reruns_only_it(tmp_path, slurm_jobs, one_process_teacher):
+def test_failed_task_blocks_the_merge_and_retry_reruns_only_it(tmp_path, slurm_jobs, recipe_all_local):
     run_dir = tmp_path / "run"
     meta = submit(run_dir, *STAGES, env={"HOBSON_TEST_FAIL": "teacher:1"})
     ids = job_ids(meta)
@@ -109,7 +107,7 @@ def test_failed_task_blocks_the_merge_and_retry_reruns_only_it(tmp_path, slurm_j
     assert "#SBATCH --array=0-0%1" in Path(new[0]["script"]).read_text()
     states = wait_all(slurm_jobs, meta, deadline_s=300, ids=[s["job_id"] for s in new])
     assert set(states.values()) == {"COMPLETED"}, states
-    assert sha256_file(run_dir / "labels/teacher.jsonl") == one_process_teacher
+    assert sha256_file(run_dir / "labels/teacher.jsonl") == sha256_file(recipe_all_local[0] / "labels/teacher.jsonl")
     assert "failed or cancelled" not in run_cli("status", str(run_dir)).stdout
 
 
@@ -139,3 +137,39 @@ def test_cancelled_job_shows_in_one_poll_also_without_accounting(tmp_path, slurm
 def test_status_falls_back_to_the_record_when_slurm_does_not_answer(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no sacct, no squeue: a login node without clients
     assert SlurmBackend.query(["1", "2"]) == ("record", {})
+
+
+def _steps(log: Path) -> list[int]:
+    steps = []
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("{") and '"step"' in line and '"loss"' in line:
+            steps.append(json.loads(line)["step"])
+    return steps
+
+
+def test_training_sent_usr2_checkpoints_requeues_and_ends_with_the_same_weights(tmp_path, slurm_jobs,
+                                                                                recipe_all_local):
+    local_dir = recipe_all_local[0]
+    run_dir = tmp_path / "run"
+    # every input of `train` as the local run recorded it; train itself and after it not yet run
+    shutil.copytree(local_dir, run_dir, ignore=shutil.ignore_patterns("train", "calibrated", "eval"))
+    meta = submit(run_dir, "train")
+    (job,) = job_ids(meta)["train"]
+    log = tmp_path / "logs" / "run" / "train.log"
+    deadline = time.monotonic() + 600
+    while not (log.exists() and any(s >= 20 for s in _steps(log))):
+        assert time.monotonic() < deadline, "training never reached step 20"
+        time.sleep(0.5)
+    slurm_jobs.run(["scancel", "--signal=USR2", "--batch", job])
+    states = wait_all(slurm_jobs, meta, deadline_s=900)
+    assert states[job] == "COMPLETED", states
+
+    first, second = _steps(log), _steps(tmp_path / "logs" / "run" / "train.attempt1.log")
+    assert "[hobson] checkpointed after USR2: requeue" in log.read_text()
+    assert first[0] == 1 and second and second[0] > 1, (first[:3], second[:3])
+    uninterrupted = _steps(recipe_all_local[1] / "train.log")
+    assert second[-1] == uninterrupted[-1]
+    # at most one checkpoint interval (checkpoint_every: 100) run twice; USR2 checkpoints at once, so none
+    assert len(first) + len(second) <= len(uninterrupted) + 100
+    for rel in ("train/final/adapter.safetensors", "train/final/head.safetensors"):
+        assert sha256_file(run_dir / rel) == sha256_file(local_dir / rel), rel

@@ -265,6 +265,17 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _passthrough(job: str):
+    """Commands that run one job here and now (no run record): soup, compare, ask."""
+
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        return importlib.import_module(f"jobs.{job}").main(args.rest) or 0
+
+    return run
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     paths = RunPaths.attach(args.run)
     expected: dict[str, tuple[str, str]] = {}
@@ -372,6 +383,15 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("run", help="run directory or run id")
     f.set_defaults(fn=cmd_fetch)
 
+    for name, job, text in (
+            ("soup", "soup", "average decider checkpoints into one (LoRA mean, heads ensembled): CKPT... --out DIR"),
+            ("compare", "compare", "McNemar's exact test per task between two evaluations: EVAL_A EVAL_B"),
+            ("ask", "ask", "ask a checkpoint: CKPT --state '...' --choice 'Q=a,b'")):
+        sp = sub.add_parser(name, help=text, add_help=False,
+                            description=f"{text}. Runs jobs.{job} here; `{name} --help` lists its flags.")
+        sp.add_argument("rest", nargs=argparse.REMAINDER, help=f"arguments of python -m jobs.{job}")
+        sp.set_defaults(fn=_passthrough(job))
+
     v = sub.add_parser("verify", help="re-hash every output of a run against its record")
     v.add_argument("run", help="run directory or run id")
     v.add_argument("-v", "--verbose", action="store_true", help="also list outputs that match")
@@ -379,7 +399,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+PASSTHROUGH = {"soup": "soup", "compare": "compare", "ask": "ask"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in PASSTHROUGH:  # their own parsers own every flag, --help included
+        return _passthrough(PASSTHROUGH[argv[0]])(argparse.Namespace(rest=argv[1:]))
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)

@@ -173,3 +173,38 @@ def test_training_sent_usr2_checkpoints_requeues_and_ends_with_the_same_weights(
     assert len(first) + len(second) <= len(uninterrupted) + 100
     for rel in ("train/final/adapter.safetensors", "train/final/head.safetensors"):
         assert sha256_file(run_dir / rel) == sha256_file(local_dir / rel), rel
+
+
+def test_arrays_longer_than_max_array_size_are_split_and_the_merge_waits_for_all(tmp_path, monkeypatch,
+                                                                                 slurm_jobs):
+    """MaxArraySize is read from `scontrol show config`; here it is lowered for this backend object only
+    (the cluster's own limit is exercised by bench/submit.py), and the jobs are submitted held."""
+    from hobson.records import new_run_json, write_run_json
+    from launch import dag
+    from launch.backends import slurm
+    from launch.options import ClusterProfile, RecipeConfig
+
+    monkeypatch.setattr(slurm, "max_array_size", lambda: 3)
+    cfg = RecipeConfig()
+    cfg.teacher.shards = 8
+    paths = RunPaths.create(tmp_path / "run", tmp_path / "logs")
+    paths.run_dir.mkdir(parents=True)
+    write_run_json(paths, new_run_json(paths, argv=["test"], backend="slurm", options={}, config_digests={}))
+    ctx = dag.PlanContext(run_dir=str(paths.run_dir), ngpu=2, config=cfg, seed=0, expected_rows=lambda rel: None)
+    jobs = [j for j in dag.plan(["teacher"], ctx, lambda rel: None) if j.stage == "teacher"]
+    backend = SlurmBackend(ClusterProfile(extra_sbatch=["--hold"]), ngpu=2)
+    ids = backend.submit(jobs, paths, echo=lambda s: None)
+    try:
+        assert len(ids["teacher"]) == 3
+        meta = json.loads(paths.run_json.read_text())
+        parts = [s for s in meta["submissions"] if s["job"] == "teacher"]
+        assert [s["shards"] for s in parts] == ["0-2", "3-5", "6-7"]
+        scripts = [Path(s["script"]).read_text() for s in parts]
+        assert ["#SBATCH --array=0-2%2" in scripts[0], "#SBATCH --array=0-2%2" in scripts[1],
+                "#SBATCH --array=0-1%2" in scripts[2]] == [True] * 3
+        merge = Path(next(s for s in meta["submissions"] if s["job"] == "teacher-merge")["script"]).read_text()
+        assert f"#SBATCH --dependency=afterok:{':'.join(ids['teacher'])}" in merge
+        states = slurm_jobs.records(ids["teacher"] + ids["teacher-merge"])
+        assert states and all(st == "PENDING" for st in states.values()), states
+    finally:
+        slurm_jobs.run(["scancel", *ids["teacher"], *ids["teacher-merge"]])

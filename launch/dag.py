@@ -48,14 +48,17 @@ class JobSpec:
     def is_array(self) -> bool:
         return self.shards is not None
 
-    def stagerun_args(self, run_dir: str) -> list[str]:
-        """Arguments of ``python -m hobson.stagerun`` that run this job and record it."""
+    def stagerun_args(self, run_dir: str, shards: list[int] | None = None) -> list[str]:
+        """Arguments of ``python -m hobson.stagerun`` that run this job and record it.
+
+        ``shards`` narrows an array to some of its shards (a retry, or one part of a split array).
+        """
         argv = ["-m", "hobson.stagerun", "--run-dir", run_dir, "--stage", self.name, "--job", self.job,
                 "--gpus", str(self.resources.gpus), "--cpus", str(self.resources.cpus)]
         if self.launcher == "torchrun":
             argv += ["--torchrun", str(max(self.resources.gpus, 1))]
         if self.shards is not None:
-            argv += ["--shards", format_spec(self.shards)]
+            argv += ["--shards", format_spec(self.shards if shards is None else shards)]
         for o in self.outputs:
             argv += ["--output", o]
         return argv + ["--"] + self.job_args

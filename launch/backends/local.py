@@ -127,10 +127,7 @@ class LocalBackend:
     def _start(self, job: JobSpec, paths: RunPaths, task: int | None, shard: int | None, slots: list[int],
                shards: list[int] | None) -> _Task:
         env = job_environ(job, task=task, gpus=slots)
-        argv = job.stagerun_args(str(paths.run_dir))
-        if shards is not None:  # a retry runs only the pending shards: task k -> shards[k]
-            i = argv.index("--shards")
-            argv[i + 1] = format_spec(shards)
+        argv = job.stagerun_args(str(paths.run_dir), shards)  # a retry: task k -> pending shards[k]
         log = open(paths.log(job.name, task), "ab")
         proc = subprocess.Popen([sys.executable, *argv], cwd=REPO_ROOT, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)

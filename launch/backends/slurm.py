@@ -125,11 +125,10 @@ class SlurmBackend:
         cpus = over.cpus if over and over.cpus else res.cpus
         mem_gb = over.mem_gb if over and over.mem_gb else res.mem_gb
         time_limit = over.time if over and over.time else res.time
-        argv = job.stagerun_args(str(paths.run_dir))
+        argv = job.stagerun_args(str(paths.run_dir), shards)
         array = None
         if job.is_array:
             shards = job.shards if shards is None else shards
-            argv[argv.index("--shards") + 1] = format_spec(shards)
             throttle = min(job.throttle or len(shards), len(shards))
             array = f"0-{len(shards) - 1}%{throttle}"
         setup = [

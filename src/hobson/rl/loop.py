@@ -1,0 +1,555 @@
+"""The one RL loop, shared by PPO, GRPO, DPPO and Flow-DPPO.
+
+Reads top to bottom: set up (settings, resume checks, model, trainers, engine), then per update::
+
+    publish the current weights as version v (v = updates done); the engine loads it
+    rollout:  prompts[cursor:cursor+P] × C completions, one seed per request
+    reward:   registered reward function per completion
+    prepare:  critic values, advantages (registered estimator), frozen pre-update tensors
+    train:    the registered objective, ``minibatches`` optimizer steps (+ the critic's)
+    record:   rollouts/update-k.jsonl, publish v+1, checkpoint k, metrics, run.json
+
+The algorithm only enters through :func:`hobson.rl.algorithms.get_algorithm` (objective and
+estimator looked up by name). Output directory::
+
+    run.json                      settings, revisions, latent profile, one entry per process
+    publications/v{N:06d}/        policy weights + manifest (digest)
+    rollouts/update-{k:06d}.jsonl tokens, behaviour log-probs, rewards, traces, (version, digest)
+    checkpoints/update-{k:06d}/   actor, critic, optimizer/scheduler/scaler, RNG, cursor, version
+    metrics.jsonl, metrics.png
+
+``--stop-after N`` then ``--resume`` gives the same bits as one uninterrupted run: the resumed
+process loads checkpoint N, republishes version N (its digest must equal the one on disk) before
+its first rollout, restores the RNG states, and continues.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from hobson.errors import ConfigError, StageError
+from hobson.io import atomic_write, dumps_row, read_jsonl, write_json_atomic
+from hobson.models import get_provider, tiny_config
+from hobson.models.common import read_config
+from hobson.models.huginn import check_latent_profile, latent_profile
+from hobson.records import git_info, utc_now, versions
+from hobson.rl import checkpoint as ckpt
+from hobson.rl import data as rldata
+from hobson.rl import publication
+from hobson.rl.algorithms import ADVANTAGE_PARAMS, Algorithm, get_algorithm
+from hobson.rl.config import PRECISIONS, TINY_PREFIX, RLConfig, check_resume
+from hobson.rl.engine import Completion, forward_kwargs, is_recurrent_depth, request_seed
+from hobson.rl.metrics import MetricsLog
+from hobson.rl.objectives import (
+    entropy,
+    get_advantage,
+    get_objective,
+    masked_mean,
+    tempered_logprobs,
+    token_logprobs,
+    value_loss,
+)
+from hobson.rl.reward import get_reward
+from hobson.rl.trainer import ModelTrainer
+
+TINY_SEED = 0  # the embedded tiny models' weights do not depend on --seed
+TINY_BLOCK = 512  # room for 128 prompt + 48 new tokens and more
+
+
+# ---------------------------------------------------------------------------------------------
+# The batch the trainer sees
+
+
+@dataclass
+class Batch:
+    """Right-padded sequences (prompt + completion) and per-token tensors ``(B, L-1)``.
+
+    ``logits[:, t]`` of a forward on ``ids`` scores ``actions[:, t] = ids[:, t+1]``; ``mask`` is 1
+    on completion tokens. ``seeds`` are the requests' seeds (Huginn replays their latents).
+    """
+
+    ids: Tensor
+    actions: Tensor
+    mask: Tensor
+    behav: Tensor
+    rewards: Tensor
+    group_ids: Tensor
+    seeds: list[int]
+    advantages: Tensor = field(default_factory=lambda: torch.zeros(0))
+    returns: Tensor = field(default_factory=lambda: torch.zeros(0))
+    old_values: Tensor = field(default_factory=lambda: torch.zeros(0))
+
+    def rows(self, idx: Tensor) -> Batch:
+        pick = lambda t: t[idx] if t.numel() else t
+        return Batch(
+            ids=self.ids[idx],
+            actions=self.actions[idx],
+            mask=self.mask[idx],
+            behav=self.behav[idx],
+            rewards=self.rewards[idx],
+            group_ids=self.group_ids[idx],
+            seeds=[self.seeds[i] for i in idx.tolist()],
+            advantages=pick(self.advantages),
+            returns=pick(self.returns),
+            old_values=pick(self.old_values),
+        )
+
+
+def build_batch(
+    prompts: list[list[int]],
+    completions: list[Completion],
+    rewards: list[float],
+    group_ids: list[int],
+    seeds: list[int],
+    pad_id: int,
+) -> Batch:
+    B = len(prompts)
+    L = max(len(p) + len(c.tokens) for p, c in zip(prompts, completions, strict=True))
+    ids = torch.full((B, L), pad_id, dtype=torch.long)
+    mask = torch.zeros(B, L - 1)
+    behav = torch.zeros(B, L - 1)
+    for b, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        seq = p + c.tokens
+        ids[b, : len(seq)] = torch.tensor(seq)
+        # completion token j sits at len(p)+j and is scored by logits at len(p)+j-1
+        mask[b, len(p) - 1 : len(seq) - 1] = 1
+        behav[b, len(p) - 1 : len(seq) - 1] = torch.tensor(c.logprobs, dtype=torch.float32)
+    return Batch(
+        ids=ids,
+        actions=ids[:, 1:],
+        mask=mask,
+        behav=behav,
+        rewards=torch.tensor(rewards, dtype=torch.float32),
+        group_ids=torch.tensor(group_ids),
+        seeds=list(seeds),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Set-up helpers
+
+
+def recorded_model_revision(model_dir: Path) -> str | None:
+    """The revision a model directory records: ``revision.txt``, a ``revision`` in config.json's
+    ``_hobson``, or the HF cache layout ``.../snapshots/<sha>/``."""
+    f = model_dir / "revision.txt"
+    if f.exists():
+        return f.read_text(encoding="utf-8").strip()
+    rev = read_config(model_dir).get("_hobson", {}).get("revision")
+    if rev:
+        return str(rev)
+    resolved = model_dir.resolve()
+    if resolved.parent.name == "snapshots":
+        return resolved.name
+    return None
+
+
+def resolve_revisions(cfg: RLConfig) -> tuple[str, str]:
+    spec = cfg.model_spec
+    if spec.startswith(TINY_PREFIX):
+        recorded: str | None = f"{spec}:seed{TINY_SEED}"
+    else:
+        recorded = recorded_model_revision(Path(spec))
+    if cfg.model_revision is not None and recorded is not None and cfg.model_revision != recorded:
+        raise ConfigError(
+            f"--model-revision {cfg.model_revision} but {spec} records revision {recorded}; refusing to mix them"
+        )
+    model_rev = cfg.model_revision or recorded or "unrecorded"
+    engine_rev = cfg.engine_revision or f"hobson-{cfg.engine}-torch-{torch.__version__}"
+    return model_rev, engine_rev
+
+
+def build_models(cfg: RLConfig, critic: bool) -> tuple[Any, Any, torch.nn.Module, torch.nn.Module | None]:
+    """(provider, model config, actor, critic) in fp32 on the training device; fp16 is DeepSpeed's cast."""
+    spec = cfg.model_spec
+    if spec.startswith(TINY_PREFIX):
+        kind = spec[len(TINY_PREFIX) :]
+        mcfg = tiny_config(kind, **({"block_size": TINY_BLOCK} if kind == "huginn_raven" else {}))
+        provider = get_provider(mcfg)
+        actor = provider.build_actor(mcfg, device=cfg.device, seed=TINY_SEED)
+        crit = provider.build_critic(mcfg, device=cfg.device, seed=TINY_SEED + 1) if critic else None
+    else:
+        provider = get_provider(spec)
+        mcfg = provider.config(spec)
+        actor = provider.load(spec, device=cfg.device)
+        crit = provider.load(spec, device=cfg.device, critic=True, seed=TINY_SEED + 1) if critic else None
+    return provider, mcfg, actor, crit
+
+
+def make_engine(cfg: RLConfig, provider: Any, tok: Any, model_rev: str, engine_rev: str) -> Any:
+    dtype = getattr(torch, PRECISIONS[cfg.rollout_precision or cfg.precision])
+    device = cfg.engine_device or cfg.device
+    if cfg.engine == "vllm":
+        from hobson.rl.vllm_engine import VLLMEngine
+
+        return VLLMEngine(
+            provider,
+            dtype=dtype,
+            device=device,
+            eos_id=tok.eos_id,
+            pad_id=tok.pad_id,
+            model_revision=model_rev,
+            engine_revision=engine_rev,
+        )
+    from hobson.rl.engine import NativeEngine
+
+    return NativeEngine(
+        provider,
+        dtype=dtype,
+        device=device,
+        eos_id=tok.eos_id,
+        pad_id=tok.pad_id,
+        model_revision=model_rev,
+        engine_revision=engine_rev,
+    )
+
+
+def apply_env_vars(pairs: list[str]) -> None:
+    for kv in pairs:
+        k, v = kv.split("=", 1)
+        os.environ[k] = v
+        if k == "OMP_NUM_THREADS":
+            torch.set_num_threads(int(v))  # torch read the variable at import; apply it now
+
+
+# ---------------------------------------------------------------------------------------------
+# One update's training step
+
+
+def _fwd(trainer: ModelTrainer, batch: Batch, with_grad: int) -> Tensor:
+    return trainer(
+        batch.ids.to(next(trainer.module.parameters()).device), **forward_kwargs(trainer.module, batch.seeds, with_grad)
+    )[:, :-1].cpu()
+
+
+def train_on_rollout(
+    alg: Algorithm, cfg: RLConfig, actor: ModelTrainer, critic: ModelTrainer | None, batch: Batch, backprop: int
+) -> dict[str, Any]:
+    """Advantages, frozen pre-update tensors, then ``alg.minibatches`` optimizer steps; returns metrics."""
+    temp = cfg.temperature or 1.0
+    actor.train()
+    with torch.no_grad():
+        logits = _fwd(actor, batch, 0)
+        trainer_lp = token_logprobs(logits, batch.actions, temp)
+        frozen = alg.freeze(logits, batch, temp)
+        ent = masked_mean(entropy(tempered_logprobs(logits, temp)), batch.mask)
+        batch.old_values = _fwd(critic, batch, 0) if critic is not None else torch.zeros(0)
+        del logits
+    estimator = get_advantage(alg.advantage)
+    batch.advantages, batch.returns = estimator(
+        batch.rewards,
+        batch.mask,
+        values=batch.old_values if critic is not None else None,
+        group_ids=batch.group_ids,
+        **ADVANTAGE_PARAMS[alg.advantage](cfg),
+    )
+    valid = batch.mask.bool()
+    out: dict[str, Any] = {
+        "entropy": float(ent),
+        "logprob_diff_max": float((trainer_lp - batch.behav).abs()[valid].max()) if valid.any() else 0.0,
+        "adv_abs_mean": float(masked_mean(batch.advantages.abs(), batch.mask)),
+        "steps": [],
+    }
+    objective = get_objective(alg.objective)
+    B = batch.ids.shape[0]
+    for idx in torch.arange(B).chunk(alg.minibatches):
+        mb = batch.rows(idx)
+        fz = {k: v[idx] for k, v in frozen.items()}
+        logits = _fwd(actor, mb, backprop)
+        loss, m = objective(**alg.inputs(logits, fz, mb, temp), **alg.params(cfg))
+        actor.backward(loss)
+        step = {"loss": float(loss.detach()), "grad_norm": actor.grad_norm(), **{k: float(v) for k, v in m.items()}}
+        actor.step()
+        if critic is not None:
+            values = _fwd(critic, mb, backprop)
+            vloss, vm = value_loss(values, mb.old_values, mb.returns, mb.mask, value_clip=cfg.value_clip)
+            critic.backward(vloss)
+            critic.step()
+            step.update(value_loss=float(vloss.detach()), **{k: float(v) for k, v in vm.items()})
+        out["steps"].append(step)
+    for key in ("loss", "grad_norm", "approx_kl", "clipfrac", "ratio_mean", "gate_frac", "kl_mean", "value_loss"):
+        vals = [s[key] for s in out["steps"] if key in s]
+        if vals:
+            out[key] = sum(vals) / len(vals)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+class RunRecord:
+    """``<output>/run.json``: the run-record contract plus ``rl`` (settings and one entry per process)."""
+
+    def __init__(self, output: Path) -> None:
+        self.path = output / "run.json"
+        self.meta: dict[str, Any] = {}
+        self.session: dict[str, Any] = {}
+
+    def start(self, cfg: RLConfig, argv: list[str], extra: dict[str, Any]) -> None:
+        import json
+
+        if cfg.resume:
+            self.meta = json.loads(self.path.read_text(encoding="utf-8"))
+        else:
+            self.meta = {
+                "run_id": self.path.parent.name,
+                "run_dir": str(self.path.parent.resolve()),
+                "kind": "rl",
+                "created_utc": utc_now(),
+                "command": argv,
+                "cwd": os.getcwd(),
+                "host": socket.gethostname(),
+                "git": git_info(),
+                "versions": versions(),
+                "rl": {"settings": cfg.to_dict(), **extra, "sessions": []},
+            }
+        self.session = {
+            "session": len(self.meta["rl"]["sessions"]),
+            "argv": argv,
+            "started_utc": utc_now(),
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "resumed_from": None,
+            "events": [],
+            "updates_run": [],
+        }
+        self.meta["rl"]["sessions"].append(self.session)
+        self.save()
+
+    def event(self, kind: str, **info: Any) -> None:
+        self.session["events"].append({"event": kind, **info})
+        self.save()
+
+    def save(self) -> None:
+        write_json_atomic(self.path, self.meta)
+
+
+def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
+    """Run (or resume) the RL job ``cfg``; returns this process's session record."""
+    argv = list(sys.argv if argv is None else argv)
+    out = Path(cfg.output)
+    apply_env_vars(cfg.train_env_vars)
+    alg = get_algorithm(cfg.algorithm)
+    data_path = Path(cfg.data) if cfg.data else rldata.DEFAULT_DATA
+    rows = rldata.load_prompts(data_path)
+    data_sha = rldata.data_digest(data_path)
+    model_rev, engine_rev = resolve_revisions(cfg)
+    dtype_name = PRECISIONS[cfg.precision]
+    # intra-op reductions may split differently with another thread count: part of the run's bits
+    extra = {
+        "data_sha256": data_sha,
+        "model_revision": model_rev,
+        "engine_revision": engine_rev,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+    # ---- resume checks come before anything is written
+    record = RunRecord(out)
+    start = 0
+    if cfg.resume:
+        if not record.path.exists():
+            raise StageError(f"--resume: {record.path} is missing (nothing to resume)")
+        import json
+
+        meta = json.loads(record.path.read_text(encoding="utf-8"))["rl"]
+        check_resume(meta["settings"], cfg)
+        changed = [f"{k}: run has {meta.get(k)!r}, now {v!r}" for k, v in extra.items() if meta.get(k) != v]
+        if changed:
+            raise ConfigError(
+                "--resume refuses inputs that differ from the interrupted run:\n  " + "\n  ".join(changed)
+            )
+        done = ckpt.list_checkpoints(out)
+        # no checkpoint yet (stopped during update 1): start over in the same directory
+        start = done[-1] if done else 0
+        if start >= cfg.updates:
+            raise StageError(f"--resume: the run already finished all {cfg.updates} updates")
+    elif (out / "run.json").exists():
+        raise StageError(f"{out}: already holds a run; pass --resume to continue it or pick a new --output")
+
+    if any(str(d).startswith("cuda") for d in (cfg.device, cfg.engine_device or cfg.device)):
+        # bit-exact resume on a GPU needs deterministic kernels (embedding backward uses atomics)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    provider, mcfg, actor_m, critic_m = build_models(cfg, alg.critic)
+    recurrent = is_recurrent_depth(actor_m)
+    if recurrent:
+        extra["latent_profile"] = latent_profile(getattr(torch, dtype_name))
+        if cfg.resume:
+            check_latent_profile(meta["latent_profile"], getattr(torch, dtype_name))
+    backprop = (cfg.backprop_steps if cfg.backprop_steps is not None else mcfg.mean_backprop_depth) if recurrent else 0
+    tok = rldata.tokenizer_for(
+        None if cfg.model_spec.startswith(TINY_PREFIX) else cfg.model_spec, actor_m.config.vocab_size
+    )
+    engine = make_engine(cfg, provider, tok, model_rev, engine_rev)  # refuses what it cannot serve
+    record.start(cfg, argv, extra)
+    session = record.session
+
+    n_seq = cfg.prompts_per_update * cfg.completions_per_prompt
+    trainer_args = dict(
+        backend=cfg.trainer,
+        precision=cfg.precision,
+        optimizer=cfg.optimizer,
+        optimizer_args=cfg.optimizer_args,
+        loss_scale=cfg.loss_scale,
+        micro_batch=n_seq,
+        recompute=cfg.recompute,
+    )
+    actor = ModelTrainer(actor_m, lr=cfg.lr, **trainer_args)
+    critic = ModelTrainer(critic_m, lr=cfg.critic_lr or cfg.lr, **trainer_args) if critic_m is not None else None
+    metrics = MetricsLog(out)
+    pubs = out / "publications"
+    pub_dtype = getattr(torch, dtype_name)
+    reward_fn = get_reward(cfg.reward)
+
+    def publish(version: int) -> publication.Manifest:
+        t0 = time.perf_counter()
+        man = publication.publish(
+            provider, actor.module, pubs, version, model_revision=model_rev, engine_revision=engine_rev, dtype=pub_dtype
+        )
+        engine.load_publication(publication.version_dir(pubs, version))
+        record.event("publish", version=version, digest=man.digest, seconds=round(time.perf_counter() - t0, 4))
+        return man
+
+    rng_after_publish = None
+    if cfg.resume:
+        metrics.keep_until(start)  # rows past the checkpoint are recomputed
+    if start:
+        path = ckpt.checkpoint_dir(out, start)
+        state = ckpt.load_checkpoint(path)
+        ckpt.load_weights(actor.module, state["actor"], f"{path}/actor.safetensors")
+        actor.load_state_dict(state["actor_trainer"])
+        if critic is not None:
+            ckpt.load_weights(critic.module, state["critic"], f"{path}/critic.safetensors")
+            critic.load_state_dict(state["critic_trainer"])
+        cursor = state["data_cursor"]
+        session["resumed_from"] = str(path.relative_to(out))
+        record.event("load_checkpoint", update=start, path=session["resumed_from"], version=state["version"])
+        rng_after_publish = state["rng"]
+    else:
+        cursor = 0
+        ckpt.seed_everything(cfg.seed)
+    version = start
+    publish(version)  # a resumed run republishes its restored weights before the first rollout
+    if rng_after_publish is not None:
+        ckpt.set_rng_state(rng_after_publish)
+
+    last = cfg.stop_after or cfg.updates
+    try:
+        for update in range(start + 1, last + 1):
+            secs: dict[str, float] = {}
+            t0 = time.perf_counter()
+            picked = rldata.batch_rows(rows, cursor, cfg.prompts_per_update)
+            prompts, seeds, groups, meta_rows = [], [], [], []
+            for i, (abs_idx, row) in enumerate(picked):
+                ptoks = rldata.encode_prompt(tok, row.prompt, cfg.max_prompt_tokens)
+                for j in range(cfg.completions_per_prompt):
+                    prompts.append(ptoks)
+                    seeds.append(request_seed(cfg.seed, update, abs_idx, j))
+                    groups.append(i)
+                    meta_rows.append((abs_idx, row, j))
+            record.event("rollout", update=update, version=engine.version)
+            comps = engine.generate(prompts, seeds, cfg.temperature, cfg.max_new_tokens)
+            secs["rollout"] = time.perf_counter() - t0
+            n_tokens = sum(len(c.tokens) for c in comps)
+
+            t0 = time.perf_counter()
+            rewards = []
+            for c, (_, row, _) in zip(comps, meta_rows, strict=True):
+                text_ids = [t for t in c.tokens if t != tok.eos_id]
+                rewards.append(float(reward_fn(tok.decode(text_ids), c.tokens, row.label)))
+            secs["reward"] = time.perf_counter() - t0
+
+            t0 = time.perf_counter()
+            batch = build_batch(prompts, comps, rewards, groups, seeds, tok.pad_id)
+            stats = train_on_rollout(alg, cfg, actor, critic, batch, backprop)
+            secs["train"] = time.perf_counter() - t0
+            record.event("update", update=update, optimizer_steps=len(stats["steps"]))
+
+            with atomic_write(out / "rollouts" / f"update-{update:06d}.jsonl") as f:
+                for b, (c, (abs_idx, row, j)) in enumerate(zip(comps, meta_rows, strict=True)):
+                    f.write(
+                        dumps_row(
+                            {
+                                "update": update,
+                                "prompt_index": abs_idx,
+                                "data_line": row.line,
+                                "completion_index": j,
+                                "seed": seeds[b],
+                                "prompt_tokens": prompts[b],
+                                "tokens": c.tokens,
+                                "logprobs": c.logprobs,
+                                "reward": rewards[b],
+                                "advantage": float(batch.advantages[b][batch.mask[b].bool()].mean())
+                                if batch.mask[b].any()
+                                else 0.0,
+                                "version": c.version,
+                                "digest": c.digest,
+                                "trace": c.trace,
+                            }
+                        )
+                        + "\n"
+                    )
+
+            t0 = time.perf_counter()
+            cursor += cfg.prompts_per_update
+            version = update
+            man = publish(version)
+            secs["publish"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            trainer_state = {
+                "actor_trainer": actor.state_dict(),
+                "data_cursor": cursor,
+                "version": version,
+                "digest": man.digest,
+                "settings": cfg.to_dict(),
+            }
+            if critic is not None:
+                trainer_state["critic_trainer"] = critic.state_dict()
+            path = ckpt.save_checkpoint(
+                out, update, actor=actor.module, critic=critic.module if critic else None, state=trainer_state
+            )
+            secs["checkpoint"] = time.perf_counter() - t0
+            record.event("checkpoint", update=update, path=str(path.relative_to(out)))
+            session["updates_run"].append(update)
+            row_m = {
+                "update": update,
+                "version": version,
+                "reward_mean": sum(rewards) / len(rewards),
+                "tokens": n_tokens,
+                "tokens_per_s": n_tokens / max(secs["rollout"], 1e-9),
+                "seconds": {k: round(v, 4) for k, v in secs.items()},
+                **{k: v for k, v in stats.items() if k != "steps"},
+                "steps": stats["steps"],
+            }
+            metrics.append(row_m)
+            print(
+                dumps_row(
+                    {
+                        k: row_m[k]
+                        for k in ("update", "reward_mean", "approx_kl", "clipfrac", "entropy", "tokens_per_s")
+                        if k in row_m
+                    }
+                ),
+                flush=True,
+            )
+        metrics.plot()
+        session["finished_utc"] = utc_now()
+        session["stopped_after"] = cfg.stop_after if cfg.stop_after and cfg.stop_after < cfg.updates else None
+        record.save()
+    finally:
+        engine.close()
+    return session
+
+
+def read_rollouts(output: str | os.PathLike, update: int) -> list[dict[str, Any]]:
+    return read_jsonl(Path(output) / "rollouts" / f"update-{update:06d}.jsonl")

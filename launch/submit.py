@@ -386,7 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, job, text in (
             ("soup", "soup", "average decider checkpoints into one (LoRA mean, heads ensembled): CKPT... --out DIR"),
             ("compare", "compare", "McNemar's exact test per task between two evaluations: EVAL_A EVAL_B"),
-            ("ask", "ask", "ask a checkpoint: CKPT --state '...' --choice 'Q=a,b'")):
+            ("ask", "ask", "ask a checkpoint: CKPT --state '...' --choice 'Q=a,b'"),
+            ("verify-resume", "verify_resume", "compare two RL runs item by item (bit for bit): RUN_A RUN_B"),
+            ("rl", "rl", "recurrent-policy RL (ppo, grpo, dppo, flow-dppo) as a recorded run; rl --help")):
         sp = sub.add_parser(name, help=text, add_help=False,
                             description=f"{text}. Runs jobs.{job} here; `{name} --help` lists its flags.")
         sp.add_argument("rest", nargs=argparse.REMAINDER, help=f"arguments of python -m jobs.{job}")
@@ -399,13 +401,86 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-PASSTHROUGH = {"soup": "soup", "compare": "compare", "ask": "ask"}
+PASSTHROUGH = {"soup": "soup", "compare": "compare", "ask": "ask", "verify-resume": "verify_resume"}
+
+RL_USAGE = """python launch/submit.py rl [--backend local|slurm|aws] [--ngpu N] [--run-dir DIR] [--dry-run] [RL FLAGS]
+
+Recurrent-policy RL (PPO, GRPO, DPPO, Flow-DPPO) as a recorded run. Every flag that is not the
+launcher's goes to `python -m jobs.rl` (see `python -m jobs.rl --help`): --algorithm, --model,
+--data, --updates, --stop-after, --resume, --model-revision, --engine-revision, ... Without
+--output the RL run writes to <run dir>/rl. On Slurm it runs as one job whose trainer and rollout
+engine share the node (the colocated mode)."""
+
+
+def cmd_rl(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python launch/submit.py rl", usage=RL_USAGE, add_help=False)
+    p.add_argument("--backend", choices=BACKENDS, default=None)
+    p.add_argument("--ngpu", type=int, default=1)
+    p.add_argument("--run-dir", default=None)
+    p.add_argument("--logs-dir", default=None)
+    p.add_argument("--cluster", type=Path, default=DEFAULT_CLUSTER)
+    p.add_argument("--partition", default=None)
+    p.add_argument("--account", default=None)
+    p.add_argument("--aws-config", type=Path, default=None)
+    p.add_argument("--allow-dirty", action="store_true")
+    p.add_argument("--detach", action="store_true")
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("-h", "--help", action="store_true")
+    args, rest = p.parse_known_args(argv)
+    if args.help:
+        print(RL_USAGE)
+        return 0
+    backend = args.backend or default_backend()
+    paths = RunPaths.create(Path(args.run_dir) if args.run_dir else Path("runs") / new_run_id(), args.logs_dir)
+    outputs = []
+    if "--output" not in rest:  # the RL run lives inside the launcher's run directory, its metrics recorded
+        rest += ["--output", str(paths.run_dir / "rl")]
+        outputs = ["rl/metrics.jsonl"]
+    job = dag.JobSpec(name="rl", stage="rl", job="rl", job_args=rest, inputs=[], outputs=outputs,
+                      resources=dag.Resources(gpus=max(args.ngpu, 1), cpus=2, mem_gb=64, time="24:00:00"))
+    prof = load_config(args.cluster, ClusterProfile)
+    prof.partition = args.partition or prof.partition
+    prof.account = args.account or prof.account
+    if args.dry_run:
+        if backend == "slurm":
+            print(SlurmBackend(prof, args.ngpu).dry_run([job], paths))
+        else:
+            print(job.command(str(paths.run_dir)))
+        return 0
+    if backend == "aws":
+        from launch.backends.aws import AwsBackend
+
+        host_argv = ["rl", "--ngpu", str(args.ngpu), *[a for a in argv if a not in ("--detach", "--allow-dirty")]]
+        paths.run_dir.mkdir(parents=True, exist_ok=True)
+        write_run_json(paths, new_run_json(paths, argv=sys.argv, backend="aws", options={"rl": rest},
+                                           config_digests={}))
+        return AwsBackend(args.aws_config, args.ngpu, allow_dirty=args.allow_dirty,
+                          follow=not args.detach).run(host_argv, paths)
+    paths.run_dir.mkdir(parents=True, exist_ok=True)
+    if not paths.run_json.exists():
+        write_run_json(paths, new_run_json(paths, argv=sys.argv, backend=backend,
+                                           options={"rl": rest, "ngpu": args.ngpu, "cluster": str(args.cluster)},
+                                           config_digests={}))
+    print(f"run {paths.run_dir.name}: rl on the {backend} backend; record in {paths.run_dir}")
+    if backend == "slurm":
+        ids = SlurmBackend(prof, args.ngpu).submit([job], paths)
+        print(f"submitted Slurm job {ids['rl'][0]}; status: python launch/submit.py status {paths.run_dir}")
+        return 0
+    code = LocalBackend(args.ngpu).run([job], paths)
+    print(f"{'finished' if code == 0 else f'stopped (exit {code})'}: logs in {paths.log('rl')}")
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in PASSTHROUGH:  # their own parsers own every flag, --help included
         return _passthrough(PASSTHROUGH[argv[0]])(argparse.Namespace(rest=argv[1:]))
+    if argv and argv[0] == "rl":
+        try:
+            return cmd_rl(argv[1:])
+        except HobsonError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)

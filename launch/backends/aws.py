@@ -37,9 +37,14 @@ def recipe_argv(args: argparse.Namespace, repo: Path = REPO_ROOT) -> list[str]:
     except ValueError:
         raise HobsonError(f"--config {args.config} is outside the repository; the host gets only the "
                           "committed code: put it under configs/ and commit it") from None
-    for flag, value in (("--seed", args.seed), ("--scale", args.scale), ("--teacher", args.teacher)):
+    for flag, value in (("--seed", args.seed), ("--scale", args.scale), ("--teacher", args.teacher),
+                        ("--train-config", getattr(args, "train_config", None)),
+                        ("--parent-config", getattr(args, "parent_config", None)),
+                        ("--ckpt", getattr(args, "ckpt", None)), ("--torso", getattr(args, "torso", None))):
         if value is not None:
             argv += [flag, str(value)]
+    if getattr(args, "seeds", None):
+        argv += ["--seeds", *map(str, args.seeds)]
     return argv
 
 

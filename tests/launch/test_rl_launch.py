@@ -1,0 +1,19 @@
+"""`submit.py rl` runs jobs.rl as a recorded run on the local backend; verify-resume is reachable too."""
+
+import json
+
+
+def test_rl_through_the_launcher_is_recorded(cli, tmp_path):
+    run_dir = tmp_path / "run"
+    out = cli("rl", "--backend", "local", "--run-dir", str(run_dir), "--logs-dir", str(tmp_path / "logs"),
+              "--algorithm", "grpo", "--updates", "2", "--reward", "test-token-value").stdout
+    assert "finished" in out
+    recs = [json.loads(line) for line in (run_dir / "stages.jsonl").read_text().splitlines()]
+    (rec,) = recs
+    assert rec["stage"] == "rl" and rec["status"] == "ok"
+    assert rec["outputs"][0]["path"] == "rl/metrics.jsonl" and rec["outputs"][0]["rows"] == 2
+    assert (run_dir / "rl" / "publications").is_dir()
+    status = cli("status", str(run_dir)).stdout
+    assert "rl/metrics.jsonl" in status and " ok " in status
+    same = cli("verify-resume", str(run_dir / "rl"), str(run_dir / "rl"))
+    assert same.returncode == 0

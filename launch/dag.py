@@ -201,7 +201,7 @@ def _training(name: str, config: Callable[[PlanContext], str], teacher_file: str
             name=name, stage=name, job="train", launcher="torchrun",
             job_args=["--config", _config_path(config(ctx)), *overrides],
             inputs=[*TRAIN_FILES, teacher_file], outputs=_checkpoint(f"{out_dir}/final"),
-            resources=Resources(gpus=max(ctx.ngpu, 1), cpus=1, mem_gb=64, time="08:00:00"),
+            resources=Resources(gpus=max(ctx.ngpu, 1), cpus=1, mem_gb=32, time="08:00:00"),
         )]
 
     return jobs
@@ -275,7 +275,7 @@ def _release(ctx: PlanContext) -> list[JobSpec]:
                   f"teacher_files=[{ctx.run_dir}/labels/final_teacher.jsonl]", "val_file=null",
                   "seed={shard}", f"output_dir={ctx.run_dir}/seeds/{{shard}}"],
         inputs=[*TRAIN_FILES, "labels/final_teacher.jsonl"], outputs=_checkpoint("seeds/{shard}/final"),
-        resources=Resources(gpus=1, cpus=2, mem_gb=64, time="08:00:00"),
+        resources=Resources(gpus=1, cpus=2, mem_gb=32, time="08:00:00"),
         shards=seeds, num_shards=len(seeds), throttle=min(len(seeds), max(ctx.ngpu, 1)),
     )
     soup = JobSpec(

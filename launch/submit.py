@@ -437,7 +437,7 @@ def cmd_rl(argv: list[str]) -> int:
         rest += ["--output", str(paths.run_dir / "rl")]
         outputs = ["rl/metrics.jsonl"]
     job = dag.JobSpec(name="rl", stage="rl", job="rl", job_args=rest, inputs=[], outputs=outputs,
-                      resources=dag.Resources(gpus=max(args.ngpu, 1), cpus=2, mem_gb=64, time="24:00:00"))
+                      resources=dag.Resources(gpus=max(args.ngpu, 1), cpus=2, mem_gb=48, time="24:00:00"))
     prof = load_config(args.cluster, ClusterProfile)
     prof.partition = args.partition or prof.partition
     prof.account = args.account or prof.account

@@ -211,7 +211,13 @@ class SlurmBackend:
                     try:
                         sj = executor._submit_command(script)
                     except Exception as e:  # submitit raises its own types; quote sbatch's answer
-                        raise HobsonError(f"sbatch refused job {job.name}: {e}") from None
+                        # a chain with a missing link would only half run: take back what this call submitted
+                        submitted = [i for v in ids.values() for i in v]
+                        if submitted:
+                            _client(["scancel", *submitted], scrubbed_environ())
+                        raise HobsonError(f"sbatch refused job {job.name}: {e}"
+                                          + (f"\ncancelled the jobs already submitted: {', '.join(submitted)}"
+                                             if submitted else "")) from None
                 ids[job.name].append(sj.job_id)
                 sub = {"job": job.name, "backend": "slurm", "job_id": sj.job_id, "attempt": attempt,
                        "script": str(sj.paths.submission_file)}

@@ -208,3 +208,17 @@ def test_arrays_longer_than_max_array_size_are_split_and_the_merge_waits_for_all
         assert states and all(st == "PENDING" for st in states.values()), states
     finally:
         slurm_jobs.run(["scancel", *ids["teacher"], *ids["teacher-merge"]])
+
+
+def test_a_refused_submission_takes_back_the_jobs_already_submitted(tmp_path, slurm_jobs):
+    """The cluster's nodes have 64,000 MB: a stage asking for more is refused by sbatch itself."""
+    run_dir = tmp_path / "run"
+    profile = tmp_path / "big.yaml"
+    profile.write_text("stages:\n  multistep: {mem_gb: 500}\n")
+    proc = run_cli("recipe", "build", "multistep", "--backend", "slurm", "--run-dir", str(run_dir),
+                   "--logs-dir", str(tmp_path / "logs"), "--cluster", str(profile), check=False)
+    assert proc.returncode == 2
+    assert "sbatch refused job multistep" in proc.stderr and "cancelled the jobs already submitted" in proc.stderr
+    (build_id,) = [s["job_id"] for s in json.loads((run_dir / "run.json").read_text())["submissions"]]
+    states = wait_all(slurm_jobs, {}, deadline_s=60, ids=[build_id])
+    assert states[build_id] in ("CANCELLED", "COMPLETED"), states

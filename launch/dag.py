@@ -268,8 +268,8 @@ def _release(ctx: PlanContext) -> list[JobSpec]:
     d = ctx.config.decider
     seeds = sorted(set(d.seeds))
     torso = _torso(ctx)
-    train = JobSpec(
-        name="release-train", stage="release", job="train",
+    train = JobSpec(  # a one-rank torchrun per seed, so a preempted task checkpoints and requeues itself
+        name="release-train", stage="release", job="train", launcher="torchrun",
         job_args=["--config", _config_path(d.train_config), f"base_model={torso}",
                   f"train_files=[{','.join(_abs(ctx, TRAIN_FILES))}]",
                   f"teacher_files=[{ctx.run_dir}/labels/final_teacher.jsonl]", "val_file=null",

@@ -26,7 +26,8 @@ def submit(run_dir: Path, *stages: str, ngpu: int = 2, env: dict | None = None) 
 def job_ids(meta: dict) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for s in meta["submissions"]:
-        out.setdefault(s["job"], []).append(s["job_id"])
+        if "job_id" in s:  # a run continued from a local one also lists its local (id-less) submissions
+            out.setdefault(s["job"], []).append(s["job_id"])
     return out
 
 

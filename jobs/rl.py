@@ -59,6 +59,11 @@ HELP: dict[str, str] = {
     "loss_scale": "static fp16 loss scale",
     "device": "training device (cpu, cuda:0)",
     "engine_device": "rollout device (default: --device)",
+    "engine_address_file": "address file of a rollout server (python -m jobs.rollout_server) to generate with "
+    "instead of an in-process engine (bit-identical results); default: in-process",
+    "engine_timeout": "seconds a remote engine may take to answer one generate request (default 600)",
+    "publish_timeout": "seconds a remote engine may take to load and commit one publication (default 600)",
+    "engine_ready_timeout": "seconds to wait for the remote engine's address file and readiness (default 600)",
 }
 
 

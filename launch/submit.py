@@ -408,8 +408,11 @@ RL_USAGE = """python launch/submit.py rl [--backend local|slurm|aws] [--ngpu N] 
 Recurrent-policy RL (PPO, GRPO, DPPO, Flow-DPPO) as a recorded run. Every flag that is not the
 launcher's goes to `python -m jobs.rl` (see `python -m jobs.rl --help`): --algorithm, --model,
 --data, --updates, --stop-after, --resume, --model-revision, --engine-revision, ... Without
---output the RL run writes to <run dir>/rl. On Slurm it runs as one job whose trainer and rollout
-engine share the node (the colocated mode)."""
+--output the RL run writes to <run dir>/rl. On Slurm it runs as ONE heterogeneous job rendered
+from these flags (launch/rl_sbatch.py; the same job as sbatch/<algorithm>.sh): component 0 trains
+on --ngpu GPUs, component 1 serves rollouts on --rollout-gpus GPUs; --dry-run prints the script.
+--colocated: one single-component job instead, both on one node, GPUs split (for clusters that
+disable heterogeneous jobs)."""
 
 
 def cmd_rl(argv: list[str]) -> int:
@@ -425,6 +428,8 @@ def cmd_rl(argv: list[str]) -> int:
     p.add_argument("--allow-dirty", action="store_true")
     p.add_argument("--detach", action="store_true")
     p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--colocated", action="store_true")
+    p.add_argument("--rollout-gpus", type=int, default=1)
     p.add_argument("-h", "--help", action="store_true")
     args, rest = p.parse_known_args(argv)
     if args.help:
@@ -441,9 +446,14 @@ def cmd_rl(argv: list[str]) -> int:
     prof = load_config(args.cluster, ClusterProfile)
     prof.partition = args.partition or prof.partition
     prof.account = args.account or prof.account
+    if backend == "slurm":
+        from launch.rl_sbatch import script_for_profile
+
+        script = script_for_profile(rest, prof, str(paths.log("rl")), colocated=args.colocated,
+                                    train_gpus=max(args.ngpu, 1), rollout_gpus=args.rollout_gpus)
     if args.dry_run:
         if backend == "slurm":
-            print(SlurmBackend(prof, args.ngpu).dry_run([job], paths))
+            print(script)
         else:
             print(job.command(str(paths.run_dir)))
         return 0
@@ -463,8 +473,10 @@ def cmd_rl(argv: list[str]) -> int:
                                            config_digests={}))
     print(f"run {paths.run_dir.name}: rl on the {backend} backend; record in {paths.run_dir}")
     if backend == "slurm":
-        ids = SlurmBackend(prof, args.ngpu).submit([job], paths)
-        print(f"submitted Slurm job {ids['rl'][0]}; status: python launch/submit.py status {paths.run_dir}")
+        from launch.rl_sbatch import submit_script
+
+        job_id = submit_script(script, paths)
+        print(f"submitted Slurm job {job_id}; status: python launch/submit.py status {paths.run_dir}")
         return 0
     code = LocalBackend(args.ngpu).run([job], paths)
     print(f"{'finished' if code == 0 else f'stopped (exit {code})'}: logs in {paths.log('rl')}")

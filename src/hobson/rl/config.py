@@ -16,7 +16,11 @@ from hobson.errors import ConfigError
 
 ALGORITHMS = ("ppo", "grpo", "dppo", "flow-dppo")
 PRECISIONS = {"fp32": "float32", "fp16": "float16"}
-RESUME_MAY_CHANGE = frozenset({"stop_after", "resume"})
+# where the engine runs does not change the bits (a remote engine is bit-identical to the
+# in-process one), so a run may resume against another server, or in-process
+RESUME_MAY_CHANGE = frozenset(
+    {"stop_after", "resume", "engine_address_file", "engine_timeout", "publish_timeout", "engine_ready_timeout"}
+)
 TINY_PREFIX = "tiny:"
 
 
@@ -59,6 +63,11 @@ class RLConfig:
     loss_scale: float = 128.0  # static loss scale in fp16
     device: str = "cpu"  # training device
     engine_device: str | None = None  # rollout device (None: device)
+    # a rollout server's address file (python -m jobs.rollout_server); None: the engine runs in-process
+    engine_address_file: str | None = None
+    engine_timeout: float = 600.0  # seconds for a remote engine to answer one generate request
+    publish_timeout: float = 600.0  # seconds for a remote engine to load and commit one publication
+    engine_ready_timeout: float = 600.0  # seconds to wait for the remote engine's address file + ping
 
     def __post_init__(self) -> None:
         problems = []
@@ -91,6 +100,11 @@ class RLConfig:
             problems.append(f"completions_per_prompt {self.completions_per_prompt}: GRPO needs >= 2, others >= 1")
         if self.algorithm == "flow-dppo" and self.prompts_per_update * self.completions_per_prompt < 2:
             problems.append("flow-dppo takes two optimizer steps on half the completions each: needs >= 2 completions")
+        for name in ("engine_timeout", "publish_timeout", "engine_ready_timeout"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} {getattr(self, name)} must be > 0 seconds")
+        if self.engine_address_file is not None and self.engine != "native":
+            problems.append("engine_address_file: the rollout server runs the native engine; use --engine native")
         if self.temperature < 0:
             problems.append(f"temperature {self.temperature} must be >= 0 (0: greedy)")
         for kv in self.train_env_vars:

@@ -44,6 +44,7 @@ class Completion:
     version: int  # publication version sampled under
     digest: str  # its digest
     trace: dict[str, Any] | None  # Huginn latent trace; None for models without latent state
+    node: str | None = None  # the node a remote engine generated it on ($SLURMD_NODENAME); None in-process
 
 
 class RolloutEngine(Protocol):

@@ -186,8 +186,26 @@ def build_models(cfg: RLConfig, critic: bool) -> tuple[Any, Any, torch.nn.Module
 
 
 def make_engine(cfg: RLConfig, provider: Any, tok: Any, model_rev: str, engine_rev: str) -> Any:
+    """The rollout engine: in-process, or with ``engine_address_file`` a rollout server in another
+    process or on another node (:class:`hobson.rl.transport.RemoteEngine`, bit-identical)."""
     dtype = getattr(torch, PRECISIONS[cfg.rollout_precision or cfg.precision])
     device = cfg.engine_device or cfg.device
+    if cfg.engine_address_file:
+        from hobson.rl.transport import RemoteEngine
+
+        return RemoteEngine(
+            cfg.engine_address_file,
+            dtype_name=PRECISIONS[cfg.rollout_precision or cfg.precision],
+            eos_id=tok.eos_id,
+            pad_id=tok.pad_id,
+            model_revision=model_rev,
+            engine_revision=engine_rev,
+            torch_threads=torch.get_num_threads(),
+            deterministic=torch.are_deterministic_algorithms_enabled(),
+            request_timeout=cfg.engine_timeout,
+            publish_timeout=cfg.publish_timeout,
+            ready_timeout=cfg.engine_ready_timeout,
+        )
     if cfg.engine == "vllm":
         from hobson.rl.vllm_engine import VLLMEngine
 
@@ -495,6 +513,8 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
                                 "version": c.version,
                                 "digest": c.digest,
                                 "trace": c.trace,
+                                # a remote engine's node; absent in-process (the file stays as it was)
+                                **({"engine_node": c.node} if c.node is not None else {}),
                             }
                         )
                         + "\n"

@@ -1,0 +1,201 @@
+"""The rollout server: a :class:`~hobson.rl.engine.NativeEngine` behind a TCP port, for the
+rollout component of a heterogeneous Slurm job (``python -m jobs.rollout_server``).
+
+It binds a port on its node, writes ``{"host", "port", "pid", "node", ...}`` atomically to the
+address file, and answers one JSON-line request per connection (:mod:`hobson.rl.transport`):
+
+    ping               readiness: node, pid, whether configured, the committed (version, digest)
+    configure          dtype, token ids, revisions, torch threads: what the trainer's in-process
+                       engine would have been built with, so the completions are the same bits
+    load_publication   through the named transport: the engine pauses generation (its lock),
+                       recomputes and checks the digest, commits, resumes
+    generate           prompts + one seed per request; every completion carries this node's name
+    shutdown           answer, remove the address file, exit 0
+
+The engine itself is built at the first publication, from the publication's own config.json
+(the provider is chosen by its ``model_type``), so the server needs no model flags. Reading a
+request has a timeout (a stalled client cannot hold a handler); the trainer puts its own
+deadline on every answer, which is how a hung engine is found.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import socketserver
+import sys
+import threading
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hobson.errors import ConfigError
+from hobson.io import write_json_atomic
+from hobson.records import utc_now
+from hobson.rl import publication
+from hobson.rl.transport import get_transport
+
+READ_TIMEOUT_S = 60.0
+
+
+def node_name() -> str:
+    """``$SLURMD_NODENAME`` inside a Slurm step (every node of the local cluster shares one
+    hostname), else the host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+class RolloutService:
+    """The state behind the socket: settings, the engine, and request dispatch (no I/O)."""
+
+    def __init__(self, device: str = "cpu") -> None:
+        self.device = device
+        self.settings: dict[str, Any] | None = None
+        self.engine: Any = None
+        self.node = node_name()
+        self.stop = threading.Event()
+        self._build_lock = threading.Lock()
+
+    def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
+        op = msg.get("op")
+        if op == "ping":
+            return {
+                "node": self.node,
+                "pid": os.getpid(),
+                "configured": self.settings is not None,
+                "version": getattr(self.engine, "version", None),
+                "digest": getattr(self.engine, "digest", None),
+                "torch": torch.__version__,
+                "torch_threads": torch.get_num_threads(),
+            }
+        if op == "configure":
+            return self._configure(msg)
+        if op == "load_publication":
+            manifest = get_transport(msg.get("transport", "shared-dir")).receive(self._engine_for(msg), msg)
+            return {"manifest": manifest.to_dict()}
+        if op == "generate":
+            if self.engine is None:
+                raise publication.PublicationError("no publication loaded: load one before generating")
+            outs = self.engine.generate(msg["prompts"], msg["seeds"], msg["temperature"], msg["max_new_tokens"])
+            return {
+                "completions": [
+                    {
+                        "tokens": c.tokens,
+                        "logprobs": c.logprobs,
+                        "version": c.version,
+                        "digest": c.digest,
+                        "trace": c.trace,
+                        "node": self.node,
+                    }
+                    for c in outs
+                ]
+            }
+        if op == "shutdown":
+            self.stop.set()
+            return {}
+        raise ConfigError(f"unknown request {op!r}: ping, configure, load_publication, generate, shutdown")
+
+    def _configure(self, msg: dict[str, Any]) -> dict[str, Any]:
+        keys = ("dtype", "eos_id", "pad_id", "model_revision", "engine_revision", "torch_threads", "deterministic")
+        settings = {k: msg.get(k, False) if k == "deterministic" else msg[k] for k in keys}
+        if self.settings is not None and self.settings != settings:
+            # a second trainer (a resumed run against a kept server) must want the same engine
+            diffs = [f"{k}: {self.settings[k]!r} vs {settings[k]!r}" for k in keys if self.settings[k] != settings[k]]
+            raise ConfigError("server already configured differently: " + "; ".join(diffs))
+        # intra-op reductions split by thread count: use the trainer's, as its in-process engine would
+        torch.set_num_threads(int(settings["torch_threads"]))
+        if settings["deterministic"]:
+            # as the trainer's process runs (hobson.rl.loop: any CUDA device); the engine is built
+            # later, at the first publication, so cuBLAS has not read the variable yet
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True)
+        self.settings = settings
+        return {"node": self.node}
+
+    def _engine_for(self, msg: dict[str, Any]) -> Any:
+        if self.settings is None:
+            raise ConfigError("not configured: the trainer sends configure first")
+        with self._build_lock:
+            if self.engine is None:
+                from hobson.models import get_provider
+                from hobson.rl.engine import NativeEngine
+
+                s = self.settings
+                self.engine = NativeEngine(
+                    get_provider(Path(msg["path"])) if "path" in msg else get_provider(msg["config"]),
+                    dtype=getattr(torch, s["dtype"]),
+                    device=self.device,
+                    eos_id=s["eos_id"],
+                    pad_id=s["pad_id"],
+                    model_revision=s["model_revision"],
+                    engine_revision=s["engine_revision"],
+                )
+        return self.engine
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    timeout = READ_TIMEOUT_S  # reading the request line; a client that stalls loses its handler
+    server: _Server
+
+    def handle(self) -> None:
+        try:
+            line = self.rfile.readline()
+        except (TimeoutError, OSError):
+            return
+        if not line:
+            return
+        try:
+            answer = {"ok": True, **self.server.service.handle(json.loads(line))}
+        except Exception as e:  # every failure goes back to the trainer, which decides
+            answer = {"ok": False, "type": type(e).__name__, "error": str(e) or repr(e)}
+            if not isinstance(e, (ConfigError, publication.PublicationError)):
+                traceback.print_exc(file=sys.stderr)
+        try:
+            self.wfile.write(json.dumps(answer).encode() + b"\n")
+            self.wfile.flush()
+        except OSError:
+            pass  # the trainer gave up on this request (its deadline); nothing to tell
+        if self.server.service.stop.is_set():
+            threading.Thread(target=self.server.shutdown, daemon=True).start()
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, addr: tuple[str, int], service: RolloutService) -> None:
+        super().__init__(addr, _Handler)
+        self.service = service
+
+
+def serve(address_file: str | os.PathLike, *, device: str = "cpu", bind: str = "0.0.0.0", port: int = 0,
+          advertise: str | None = None) -> int:
+    """Serve until a shutdown request; returns the exit code (0)."""
+    service = RolloutService(device=device)
+    srv = _Server((bind, port), service)
+    address = {
+        "host": advertise or service.node,
+        "port": srv.server_address[1],
+        "pid": os.getpid(),
+        "node": service.node,
+        "job_id": os.environ.get("SLURM_JOB_ID"),
+        "started_utc": utc_now(),
+    }
+    path = Path(address_file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, address)
+    print(f"rollout server: listening on {address['host']}:{address['port']} (node {service.node}, "
+          f"pid {os.getpid()}); address in {path}", flush=True)
+    try:
+        srv.serve_forever(poll_interval=0.2)
+    finally:
+        srv.server_close()
+        try:
+            if json.loads(path.read_text(encoding="utf-8")).get("pid") == os.getpid():
+                path.unlink()  # a later server may already have written its own
+        except (FileNotFoundError, json.JSONDecodeError):
+            pass
+    print("rollout server: shut down on request", flush=True)
+    return 0

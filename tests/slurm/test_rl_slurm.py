@@ -1,0 +1,244 @@
+"""RL as a heterogeneous Slurm job on the local cluster: sbatch/grpo.sh (and ppo, dppo,
+flow_dppo) with the tiny Huginn on CPU.
+
+One in-process run on this machine (``python -m jobs.rl``'s main, the engine in-process, one
+torch thread) is the reference: the het job, the colocated job, the job killed mid-run and then
+resumed, and the stop-after-1-then-resume pair of jobs must all end with the same bits
+(``compare_runs``: weights, optimizer, RNG, rollouts, publication digests). The components'
+nodes come from sacct (``JOBID+0``/``JOBID+1``), the rollouts' nodes from each sample's
+``engine_node`` ($SLURMD_NODENAME of the server).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hobson.io import read_jsonl
+from hobson.rl.verify_resume import compare_runs
+
+REPO = Path(__file__).resolve().parents[2]
+RL_ARGS = "--reward test-token-value --max-new-tokens 6 --prompts-per-update 2 --completions-per-prompt 2 --lr 0.1"
+UPDATES = 2
+DEADLINE_S = 240.0
+REQUEST_TIMEOUT = 60
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same GRPO run on the local backend: in-process engine, one thread."""
+    from jobs.rl import main
+
+    out = tmp_path_factory.mktemp("rl-local") / "run"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main(["--algorithm", "grpo", "--output", str(out), "--updates", str(UPDATES), "--device", "cpu",
+                     *RL_ARGS.split()]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def _env(output: Path, **more: str) -> dict[str, str]:
+    env = {
+        "HOBSON_REPO": str(REPO),
+        "DEVICE": "cpu",
+        "THREADS": "1",
+        "OUTPUT": str(output),
+        "UPDATES": str(UPDATES),
+        "RL_ARGS": RL_ARGS,
+        "READY_TIMEOUT": "120",
+        "REQUEST_TIMEOUT": str(REQUEST_TIMEOUT),
+        "PUBLISH_TIMEOUT": str(REQUEST_TIMEOUT),
+    }
+    env.update(more)
+    return env
+
+
+def _log(workdir: Path, job_id: str) -> str:
+    return "\n".join(p.read_text() for p in sorted((workdir / "logs").glob(f"*-{job_id}.log")))
+
+
+def _assert_same(reference: Path, run: Path) -> None:
+    diffs = [i.line() for i in compare_runs(reference, run) if i.difference]
+    assert diffs == [], diffs
+
+
+def _assert_whole(run: Path) -> None:
+    """Nothing half-written: no temporary entries, every publication and checkpoint complete."""
+    leftovers = [str(p.relative_to(run)) for p in run.rglob(".*")]
+    assert leftovers == []
+    for pub in (run / "publications").glob("*"):
+        assert (pub / "manifest.json").is_file(), pub
+    for ck in (run / "checkpoints").glob("*"):
+        assert (ck / "state.pt").is_file(), ck
+    for f in (run / "rollouts").glob("*"):
+        read_jsonl(f)
+
+
+def _submit(slurm_jobs, script: str, env: dict[str, str], *options: str) -> str:
+    (slurm_jobs.workdir / "logs").mkdir(exist_ok=True)
+    return slurm_jobs.sbatch(*options, str(REPO / "sbatch" / script), env=env)
+
+
+def test_grpo_het_job_components_on_two_nodes_same_bits(slurm_jobs, reference: Path) -> None:
+    run = slurm_jobs.workdir / "run"
+    job = _submit(slurm_jobs, "grpo.sh", _env(run))
+    slurm_jobs.wait(job, deadline_s=DEADLINE_S)
+    rows = {r["JobID"]: r for r in slurm_jobs.sacct([job], ("JobID", "State", "ExitCode", "NodeList"))}
+    assert {rows[f"{job}+{k}"]["State"] for k in (0, 1)} == {"COMPLETED"}, (rows, _log(slurm_jobs.workdir, job))
+    train_node, serve_node = rows[f"{job}+0"]["NodeList"], rows[f"{job}+1"]["NodeList"]
+    assert train_node != serve_node
+    for k in range(1, UPDATES + 1):
+        samples = read_jsonl(run / "rollouts" / f"update-{k:06d}.jsonl")
+        assert samples and {s["engine_node"] for s in samples} == {serve_node}
+    _assert_same(reference, run)
+    assert "hobson-rl: done" in _log(slurm_jobs.workdir, job)
+
+
+def test_colocated_single_component_same_bits(slurm_jobs, reference: Path) -> None:
+    """The colocated script, submitted the way `submit.py rl --backend slurm --colocated` does
+    (rendered from flags, through submitit's executor)."""
+    from hobson.records import RunPaths, new_run_json, write_run_json
+    from launch.options import ClusterProfile
+    from launch.rl_sbatch import script_for_profile, submit_script
+
+    paths = RunPaths.create(slurm_jobs.workdir / "launch-run", slurm_jobs.workdir / "logs")
+    paths.run_dir.mkdir(parents=True)
+    write_run_json(paths, new_run_json(paths, argv=["test"], backend="slurm", options={}, config_digests={}))
+    run = paths.run_dir / "rl"
+    script = script_for_profile(
+        ["--algorithm", "grpo", "--output", str(run), "--updates", str(UPDATES), "--device", "cpu",
+         *RL_ARGS.split()],
+        ClusterProfile(), str(paths.log("rl")), colocated=True, train_mem="4G", train_cpus=2, rollout_cpus=2,
+        env={"THREADS": "1"},
+    )
+    assert "hetjob" not in script and "export COLOCATED=1" in script
+    job = submit_script(script, paths)
+    slurm_jobs.submitted.append(job)
+    rows = slurm_jobs.wait(job, deadline_s=DEADLINE_S, fields=("JobID", "State", "NodeList"))
+    log = paths.log("rl").read_text() if paths.log("rl").exists() else "(no log)"
+    assert [r["JobID"] for r in rows] == [job]  # one component
+    assert rows[0]["State"] == "COMPLETED", log
+    node = rows[0]["NodeList"]
+    samples = read_jsonl(run / "rollouts" / "update-000001.jsonl")
+    assert {s["engine_node"] for s in samples} == {node}
+    assert json.loads(paths.run_json.read_text())["submissions"][0]["job_id"] == job
+    _assert_same(reference, run)
+
+
+def test_stop_after_then_resume_as_two_jobs(slurm_jobs, reference: Path) -> None:
+    run = slurm_jobs.workdir / "run"
+    first = _submit(slurm_jobs, "grpo.sh", _env(run, STOP_AFTER="1"))
+    slurm_jobs.wait(first, deadline_s=DEADLINE_S)
+    assert not (run / "checkpoints" / "update-000002").exists()
+    second = _submit(slurm_jobs, "grpo.sh", _env(run))  # RESUME=auto: the run.json is there
+    rows = slurm_jobs.wait(second, deadline_s=DEADLINE_S)
+    assert {r["State"] for r in rows} == {"COMPLETED"}, _log(slurm_jobs.workdir, second)
+    sessions = json.loads((run / "run.json").read_text())["rl"]["sessions"]
+    assert [s["updates_run"] for s in sessions] == [[1], [2]]
+    assert sessions[1]["resumed_from"] == "checkpoints/update-000001"
+    _assert_same(reference, run)
+
+
+def test_usr2_requeues_and_the_job_resumes(slurm_jobs, reference: Path) -> None:
+    """USR2 to the batch shell (what --signal=B:USR2@120 sends before the time limit): the job
+    requeues itself, runs again under the same id and OUTPUT, and resumes from checkpoint 1,
+    republishing version 1 before its first rollout."""
+    run = slurm_jobs.workdir / "run"
+    job = _submit(slurm_jobs, "grpo.sh", _env(run))
+    end = time.monotonic() + DEADLINE_S
+    while not (run / "checkpoints" / "update-000001" / "state.pt").exists():
+        assert time.monotonic() < end, _log(slurm_jobs.workdir, job)
+        time.sleep(0.2)
+    slurm_jobs.run(["scancel", "--batch", "--signal=USR2", job])
+    rows = slurm_jobs.wait(job, deadline_s=DEADLINE_S)
+    log = _log(slurm_jobs.workdir, job)
+    assert {r["State"] for r in rows} == {"COMPLETED"}, log
+    assert f"USR2: requeueing job {job}" in log
+    sessions = json.loads((run / "run.json").read_text())["rl"]["sessions"]
+    assert [s["updates_run"] for s in sessions] == [[1], [2]]
+    assert sessions[1]["resumed_from"] == "checkpoints/update-000001"
+    events = [(e["event"], e.get("version")) for e in sessions[1]["events"]]
+    assert events[:3] == [("load_checkpoint", 1), ("publish", 1), ("rollout", 1)]
+    _assert_same(reference, run)
+
+
+def test_killed_rollout_component_fails_job_then_resume(slurm_jobs, reference: Path) -> None:
+    run = slurm_jobs.workdir / "run"
+    job = _submit(slurm_jobs, "grpo.sh", _env(run))
+    end = time.monotonic() + DEADLINE_S
+    while not (run / "checkpoints" / "update-000001" / "state.pt").exists():
+        assert time.monotonic() < end, _log(slurm_jobs.workdir, job)
+        time.sleep(0.2)
+    address = json.loads(next((run / "engine").glob("address-*.json")).read_text())
+    os.kill(address["pid"], signal.SIGKILL)  # the cluster's nodes are processes on this host
+    killed = time.monotonic()
+    rows = slurm_jobs.wait(job, deadline_s=DEADLINE_S)
+    states = {r["JobID"]: r["State"] for r in rows}
+    assert states[f"{job}+0"] == "FAILED", states
+    log = _log(slurm_jobs.workdir, job)
+    assert "FAILED: the rollout component (het group 1)" in log, log
+    assert time.monotonic() - killed < REQUEST_TIMEOUT
+    assert not (run / "checkpoints" / "update-000002").exists()
+    _assert_whole(run)
+    again = _submit(slurm_jobs, "grpo.sh", _env(run))  # the same script resumes the run
+    rows = slurm_jobs.wait(again, deadline_s=DEADLINE_S)
+    assert {r["State"] for r in rows} == {"COMPLETED"}, _log(slurm_jobs.workdir, again)
+    _assert_same(reference, run)
+    _assert_whole(run)
+
+
+def test_hung_rollout_component_detected_by_timeouts(slurm_jobs) -> None:
+    """A server that stops answering (SIGSTOP: its port still accepts) right after the trainer
+    configured it: the first publication (or generate) gets no answer within its timeout."""
+    from hobson.rl.transport import request
+
+    run = slurm_jobs.workdir / "run"
+    job = _submit(slurm_jobs, "grpo.sh", _env(run, UPDATES="1", REQUEST_TIMEOUT="10", PUBLISH_TIMEOUT="10"))
+    end = time.monotonic() + DEADLINE_S
+    while True:
+        assert time.monotonic() < end, _log(slurm_jobs.workdir, job)
+        found = list((run / "engine").glob("address-*.json")) if (run / "engine").is_dir() else []
+        if found:
+            address = json.loads(found[0].read_text())
+            if request(address, {"op": "ping"}, 10)["configured"]:
+                break
+        time.sleep(0.1)
+    os.kill(address["pid"], signal.SIGSTOP)
+    hung = time.monotonic()
+    try:
+        rows = slurm_jobs.wait(job, deadline_s=DEADLINE_S)
+    finally:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(address["pid"], sig)
+            except ProcessLookupError:
+                pass
+    assert {r["JobID"]: r["State"] for r in rows}[f"{job}+0"] == "FAILED"
+    log = _log(slurm_jobs.workdir, job)
+    assert "within 10 s (engine hung?)" in log, log
+    assert "FAILED: the rollout component (het group 1) is gone or not answering" in log, log
+    assert time.monotonic() - hung < 60  # 10 s request timeout + the script's 10 s ping + stopping
+    _assert_whole(run)
+
+
+def test_each_algorithm_script_runs_one_update(slurm_jobs) -> None:
+    scripts = ["ppo.sh", "dppo.sh", "flow_dppo.sh"]
+    # command-line options apply to every component: small ones, so the three jobs run at once
+    jobs = {s: _submit(slurm_jobs, s, _env(slurm_jobs.workdir / s[:-3], UPDATES="1"), "--mem=4G",
+                       "--cpus-per-task=2") for s in scripts}
+    rows = slurm_jobs.wait(*jobs.values(), deadline_s=2 * DEADLINE_S)
+    assert {r["State"] for r in rows} == {"COMPLETED"}, [_log(slurm_jobs.workdir, j) for j in jobs.values()]
+    for script in scripts:
+        run = slurm_jobs.workdir / script[:-3]
+        settings = json.loads((run / "run.json").read_text())["rl"]["settings"]
+        assert settings["algorithm"] == script[:-3].replace("_", "-")
+        assert (run / "checkpoints" / "update-000001" / "state.pt").is_file()

@@ -46,6 +46,57 @@ class Embedding(nn.Embedding):
         pass
 
 
+# ---------------------------------------------------------------------------------------------
+# Fused elementwise kernels for decoding on a GPU
+#
+# A decode step of these models is thousands of tiny elementwise kernels (a Huginn step runs 132
+# blocks); under CUDA-graph replay their launch cost is gone but each still costs a few µs of GPU
+# time. Inside ``fused_kernels()`` the norm, RoPE and gated-MLP chains run as torch.compile'd
+# kernels (one kernel per chain). Only the rollout engine turns it on, on CUDA; training and every
+# CPU path stay eager (the engine/trainer log-prob agreement bound covers the rounding).
+
+_FUSED = {"on": False}
+
+
+class fused_kernels:  # noqa: N801 (a context manager used like a function)
+    def __init__(self, on: bool = True) -> None:
+        self.on, self.prev = on, False
+
+    def __enter__(self) -> None:
+        self.prev, _FUSED["on"] = _FUSED["on"], self.on
+
+    def __exit__(self, *exc: object) -> None:
+        _FUSED["on"] = self.prev
+
+
+_COMPILED: dict[Any, Any] = {}
+
+
+def fused(fn: Any) -> Any:
+    """``fn``, or its compiled version inside :class:`fused_kernels` (compiled once, lazily)."""
+
+    def call(*args: Any) -> Any:
+        if not _FUSED["on"]:
+            return fn(*args)
+        if fn not in _COMPILED:
+            _COMPILED[fn] = torch.compile(fn, dynamic=False, fullgraph=True)
+        return _COMPILED[fn](*args)
+
+    call.__wrapped__ = fn  # type: ignore[attr-defined]
+    return call
+
+
+@fused
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+@fused
+def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
+    return nn.functional.silu(gate) * up
+
+
 class RMSNorm(nn.Module):
     """``x / sqrt(mean(x²) + eps) · weight``, normalised in fp32 and cast back to the input dtype."""
 
@@ -55,8 +106,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+        return rms_norm(x, self.weight, self.eps)
 
 
 class KVCache:
@@ -96,6 +146,69 @@ class KVCache:
             self.meta[key] = value
 
 
+class StaticKVCache:
+    """A KV cache of fixed capacity whose every index lives on the device, for CUDA-graph decoding.
+
+    Each stream is one preallocated ``(B, Hkv, capacity, D)`` buffer pair; a forward writes its
+    ``T`` new keys at ``write_pos .. write_pos+T`` (``write_pos`` a device tensor) and attends over
+    the whole capacity under ``key_mask`` ``(B, capacity)``. Nothing in a forward reads a Python
+    number that changes between decode steps, so one captured step replays for every later step:
+    the caller only advances ``write_pos`` and the step's input buffers. Slots never written are
+    masked, so the result equals attending over the filled prefix (the masked keys get weight 0).
+    """
+
+    def __init__(self, batch: int, capacity: int, device: str | torch.device) -> None:
+        self.batch = batch
+        self.capacity = capacity
+        self.device = torch.device(device)
+        self.streams: dict[Any, tuple[Tensor, Tensor]] = {}
+        self.length = 0  # host-side count, for checks outside graph replay
+        self.write_pos = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.key_mask = torch.zeros(batch, capacity, dtype=torch.bool, device=self.device)
+        self.meta: dict[str, Any] = {}
+        self._new: Tensor | None = None  # this forward's write indices (T,)
+
+    check_meta = KVCache.check_meta
+
+    def reserve(self, new: int) -> None:
+        if self.length + new > self.capacity:
+            raise ValueError(f"KV cache of capacity {self.capacity} cannot take {new} more after {self.length}")
+
+    def update(self, slot: Any, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write ``k``, ``v`` ``(B, Hkv, T, D)`` at the current positions; return the full buffers."""
+        if slot not in self.streams:
+            shape = (k.shape[0], k.shape[1], self.capacity, k.shape[3])
+            self.streams[slot] = (k.new_zeros(shape), v.new_zeros(shape))
+        kb, vb = self.streams[slot]
+        kb.index_copy_(2, self._new, k)
+        vb.index_copy_(2, self._new, v)
+        return kb, vb
+
+    def prepare(
+        self, attention_mask: Tensor | None, batch: int, new: int, position_ids: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """Positions ``(B, T)`` and the bool mask ``(B, 1, T, capacity)`` of one forward."""
+        self.reserve(new)  # host numbers only (a graph replay moves write_pos, not this check)
+        dev = self.device
+        idx = self.write_pos + torch.arange(new, device=dev)  # (T,) cache slots of the new tokens
+        self._new = idx
+        live = (
+            torch.ones(batch, new, dtype=torch.bool, device=dev)
+            if attention_mask is None
+            else attention_mask.to(device=dev, dtype=torch.bool)
+        )
+        self.key_mask.index_copy_(1, idx, live)
+        positions = idx.expand(batch, new) if position_ids is None else position_ids.to(dev)
+        k_idx = torch.arange(self.capacity, device=dev)[None, :]
+        causal = k_idx <= idx[:, None]  # (T, S)
+        allowed = causal[None] & (self.key_mask[:, None, :] | (k_idx == idx[:, None])[None])
+        return positions, allowed[:, None]
+
+    def advance(self, new: int) -> None:
+        self.write_pos.add_(new)
+        self.length += new
+
+
 def prepare_attention(
     cache: KVCache | None,
     attention_mask: Tensor | None,
@@ -111,6 +224,9 @@ def prepare_attention(
     may attend) or None for a plain causal prefill, and ``key_mask`` ``(B, S)`` the mask to store in
     the cache. A query always sees itself, so a padded query never has an empty row (no NaN).
     """
+    if isinstance(cache, StaticKVCache):
+        positions, allowed = cache.prepare(attention_mask, batch, new, position_ids)
+        return positions, allowed, cache.key_mask
     past = cache.length if cache is not None else 0
     if position_ids is None:
         positions = torch.arange(past, past + new, device=device).expand(batch, new)
@@ -140,7 +256,9 @@ def prepare_attention(
 
 def finish_step(cache: KVCache | None, new: int, key_mask: Tensor | None) -> None:
     """Advance the cache by ``new`` positions once every stream has been updated."""
-    if cache is not None:
+    if isinstance(cache, StaticKVCache):
+        cache.advance(new)
+    elif cache is not None:
         cache.length += new
         cache.key_mask = key_mask
 
@@ -182,8 +300,11 @@ def read_config(model_dir: str | os.PathLike) -> dict[str, Any]:
 class SafetensorsDir:
     """The tensors of a model directory by name: ``model.safetensors`` or shards with an index."""
 
-    def __init__(self, model_dir: str | os.PathLike) -> None:
+    def __init__(self, model_dir: str | os.PathLike, tensors: dict[str, Tensor] | None = None) -> None:
         self.dir = Path(model_dir)
+        # tensors already read from these files (a verified publication): served instead of a re-read
+        self._preloaded = tensors or {}
+        self._handles: dict[Path, Any] = {}
         index = self.dir / INDEX_FILE
         single = self.dir / SINGLE_FILE
         self.files: dict[str, Path] = {}
@@ -215,12 +336,18 @@ class SafetensorsDir:
         return self.files[name]
 
     def get(self, name: str) -> Tensor:
-        with safe_open(str(self.files[name]), framework="pt") as f:
-            return f.get_tensor(name)
+        if name in self._preloaded:
+            return self._preloaded[name]
+        return self._handle(self.files[name]).get_tensor(name)
+
+    def _handle(self, path: Path) -> Any:
+        # one memory map per shard, not one per tensor
+        if path not in self._handles:
+            self._handles[path] = safe_open(str(path), framework="pt")
+        return self._handles[path]
 
     def shape(self, name: str) -> list[int]:
-        with safe_open(str(self.files[name]), framework="pt") as f:
-            return list(f.get_slice(name).get_shape())
+        return list(self._handle(self.files[name]).get_slice(name).get_shape())
 
 
 def check_names(ckpt: SafetensorsDir, expected: set[str], optional: set[str] = frozenset()) -> None:

@@ -39,10 +39,13 @@ from hobson.models.common import (
     KVCache,
     Linear,
     RMSNorm,
+    StaticKVCache,
     attend,
     finish_step,
+    fused,
     generator_normal_,
     prepare_attention,
+    silu_mul,
 )
 
 MODEL_TYPE = "huginn_raven"
@@ -171,6 +174,7 @@ def rope_table(head_dim: int, length: int, base: float) -> Tensor:
     return torch.stack([angles.cos(), angles.sin()], dim=-1)[None, :, None]
 
 
+@fused
 def apply_rope(x: Tensor, freqs: Tensor) -> Tensor:
     """Rotate interleaved pairs of ``x`` ``(B, T, H, D)`` by ``freqs`` ``(B, T, 1, D/2, 2)``, in fp32."""
     pairs = x.float().unflatten(-1, (-1, 2))
@@ -290,7 +294,7 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.fc(x).chunk(2, dim=-1)
-        return self.proj(nn.functional.silu(gate) * up)
+        return self.proj(silu_mul(gate, up))
 
 
 class SandwichBlock(nn.Module):
@@ -380,8 +384,15 @@ class HuginnRaven(nn.Module):
                 specs.append((p, std))
         generator_normal_(specs, seed)
 
-    def new_cache(self) -> KVCache:
-        return KVCache()
+    def new_cache(
+        self, batch: int | None = None, capacity: int | None = None, device: str | torch.device | None = None
+    ) -> KVCache | StaticKVCache:
+        """A growing cache, or with ``capacity`` a fixed one (device-side indices, CUDA-graph safe)."""
+        if capacity is None:
+            return KVCache()
+        if capacity > self.config.block_size:
+            raise ValueError(f"cache capacity {capacity} is beyond block_size {self.config.block_size}")
+        return StaticKVCache(batch, capacity, device if device is not None else self.freqs_cis.device)
 
     def _block(
         self, block: SandwichBlock, x: Tensor, freqs: Tensor, mask: Tensor | None, cache: KVCache | None, slot: Any
@@ -405,9 +416,10 @@ class HuginnRaven(nn.Module):
         num_steps_with_grad: int = 0,
         *,
         seed: int | Sequence[int] = 0,
-        cache: KVCache | None = None,
+        cache: KVCache | StaticKVCache | None = None,
         attention_mask: Tensor | None = None,
         position_ids: Tensor | None = None,
+        latent_state: Tensor | None = None,
     ) -> Tensor:
         """Logits ``(B, T, V)`` (actor) or values ``(B, T)`` (critic), fp32.
 
@@ -418,6 +430,9 @@ class HuginnRaven(nn.Module):
         token per call); every call on a cache must use the same number of steps.
         ``attention_mask`` ``(B, T)`` marks real tokens (padding is never attended to);
         ``position_ids`` ``(B, T)`` overrides the positions (default: cache length + arange(T)).
+        ``latent_state`` ``(B, T, E)``: the initial states, already drawn (they must be what
+        :func:`initial_state` gives for these seeds and positions; the engine draws them ahead so
+        a decode step reads no host data).
         """
         cfg = self.config
         if num_steps_no_grad is None:
@@ -430,7 +445,9 @@ class HuginnRaven(nn.Module):
             cache.check_meta(num_steps=num_steps_no_grad + num_steps_with_grad)
         device = input_ids.device
         positions, mask, key_mask = prepare_attention(cache, attention_mask, B, T, device, position_ids)
-        if T and int(positions.max()) >= cfg.block_size:
+        # a static cache bounds positions by its capacity (checked when it was made), and the
+        # check would be a host sync inside every decode step
+        if T and not isinstance(cache, StaticKVCache) and int(positions.max()) >= cfg.block_size:
             raise ValueError(f"position {int(positions.max())} is beyond block_size {cfg.block_size}")
         freqs = self.freqs_cis[0][positions]  # (B, T, 1, D/2, 2), fp32
 
@@ -438,7 +455,9 @@ class HuginnRaven(nn.Module):
         for i, block in enumerate(self.transformer.prelude):
             x = self._block(block, x, freqs, mask, cache, ("prelude", i))
         e = x
-        state = initial_state(seeds, positions, cfg.n_embd).to(device=device, dtype=e.dtype)
+        if latent_state is None:
+            latent_state = initial_state(seeds, positions, cfg.n_embd)
+        state = latent_state.to(device=device, dtype=e.dtype)
         with torch.no_grad():
             for step in range(num_steps_no_grad):
                 state = self._core_step(state, e, freqs, mask, cache, step)

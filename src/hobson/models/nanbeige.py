@@ -26,10 +26,13 @@ from hobson.models.common import (
     KVCache,
     Linear,
     RMSNorm,
+    StaticKVCache,
     attend,
     finish_step,
+    fused,
     generator_normal_,
     prepare_attention,
+    silu_mul,
 )
 
 MODEL_TYPE = "nanbeige"
@@ -130,11 +133,23 @@ def tiny_config(**overrides: Any) -> NanbeigeConfig:
     return NanbeigeConfig.from_dict(d)
 
 
+_INV_FREQ: dict[tuple[int, float, torch.device], Tensor] = {}
+
+
+def _inv_freq(head_dim: int, theta: float, device: torch.device) -> Tensor:
+    # computed on the CPU (the reference's numbers) and moved once per device: a copy in every
+    # forward would be a host sync, which CUDA-graph capture of a decode step forbids
+    key = (head_dim, float(theta), device)
+    if key not in _INV_FREQ:
+        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        _INV_FREQ[key] = inv.to(device)
+    return _INV_FREQ[key]
+
+
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
     """fp32 ``cos, sin`` ``(B, T, head_dim)`` for rotate-half RoPE; computed per call, so no buffer
     can be cast to fp16 by ``.half()``."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    freqs = positions.float()[..., None] * inv_freq.to(positions.device)  # (B, T, D/2)
+    freqs = positions.float()[..., None] * _inv_freq(head_dim, theta, positions.device)  # (B, T, D/2)
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos(), emb.sin()
 
@@ -144,6 +159,7 @@ def _rotate_half(x: Tensor) -> Tensor:
     return torch.cat([-x2, x1], dim=-1)
 
 
+@fused
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """``x`` ``(B, H, T, D)``; ``cos``/``sin`` ``(B, T, D)`` cast to ``x``'s dtype (as the reference does)."""
     cos = cos.to(x.dtype)[:, None]
@@ -184,7 +200,7 @@ class MLP(nn.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -233,8 +249,16 @@ class NanbeigeLooped(nn.Module):
                 specs.append((p, self.config.initializer_range))
         generator_normal_(specs, seed)
 
-    def new_cache(self) -> KVCache:
-        return KVCache()
+    def new_cache(
+        self, batch: int | None = None, capacity: int | None = None, device: str | torch.device | None = None
+    ) -> KVCache | StaticKVCache:
+        """A growing cache, or with ``capacity`` a fixed one (device-side indices, CUDA-graph safe)."""
+        if capacity is None:
+            return KVCache()
+        return StaticKVCache(batch, capacity, device if device is not None else self.lm_head_device())
+
+    def lm_head_device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
 
     def forward(
         self,

@@ -22,6 +22,7 @@ step. Behaviour log-probs are ``log_softmax(logits / T)`` of the sampled token.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
 import threading
 from dataclasses import dataclass
@@ -31,8 +32,8 @@ import torch
 from torch import Tensor, nn
 
 from hobson.errors import ConfigError
-from hobson.models.common import DTYPE_NAMES
-from hobson.models.huginn import LATENT_PROFILE, HuginnConfig
+from hobson.models.common import DTYPE_NAMES, KVCache, fused_kernels
+from hobson.models.huginn import LATENT_PROFILE, HuginnConfig, initial_state
 from hobson.rl import publication
 from hobson.rl.objectives import token_logprobs
 
@@ -58,6 +59,9 @@ class RolloutEngine(Protocol):
     def load_publication(self, pub_dir: str | os.PathLike) -> publication.Manifest: ...
 
     def close(self) -> None: ...
+
+
+SYNC_EVERY = 8  # on a GPU, decode steps between checks whether every row has finished
 
 
 def request_seed(seed: int, update: int, prompt_index: int, completion_index: int) -> int:
@@ -115,6 +119,7 @@ class NativeEngine:
         pad_id: int,
         model_revision: str,
         engine_revision: str,
+        cuda_graphs: bool = True,
     ) -> None:
         self.provider = provider
         self.dtype = dtype
@@ -129,6 +134,7 @@ class NativeEngine:
         # generate() holds the lock for a whole batch: load_publication() taking it is the pause
         self._lock = threading.Lock()
         self.paused = False
+        self.cuda_graphs = cuda_graphs
 
     # ------------------------------------------------------------------ publications
     def load_publication(self, pub_dir: str | os.PathLike) -> publication.Manifest:
@@ -157,15 +163,20 @@ class NativeEngine:
                     )
                 # the digest of the bytes read, before the provider sees them (a flipped byte is a
                 # digest mismatch, not whatever model check it happens to trip)
-                publication.verify(pub_dir)
-                model = self.provider.load(pub_dir, dtype=self.dtype, device=self.device)
-                # and of exactly the tensors now in the model (nothing changed between the reads)
-                digest = publication.tensors_digest(self.provider._export_tensors(model))
-                if digest != manifest.digest:
-                    raise publication.DigestMismatch(
-                        f"{pub_dir}: digest of the loaded tensors is {digest}, manifest says {manifest.digest}; "
-                        f"refusing version {manifest.version}"
-                    )
+                _, digest, tensors = publication.read_verified(pub_dir)
+                if "tensors" in inspect.signature(self.provider.load).parameters:
+                    # the model is built from exactly the tensors just hashed: one read of the files
+                    model = self.provider.load(pub_dir, dtype=self.dtype, device=self.device, tensors=tensors)
+                else:
+                    model = self.provider.load(pub_dir, dtype=self.dtype, device=self.device)
+                    # a provider that re-reads: hash what it loaded (nothing changed between the reads)
+                    digest = publication.tensors_digest(self.provider._export_tensors(model))
+                    if digest != manifest.digest:
+                        raise publication.DigestMismatch(
+                            f"{pub_dir}: digest of the loaded tensors is {digest}, manifest says "
+                            f"{manifest.digest}; refusing version {manifest.version}"
+                        )
+                del tensors
                 model.eval()
                 self.model, self.version, self.digest = model, manifest.version, digest  # the commit
                 return manifest
@@ -185,69 +196,134 @@ class NativeEngine:
                 raise publication.PublicationError("no publication loaded: call load_publication() first")
             if any(not p for p in prompts):
                 raise ValueError("every prompt needs at least one token")
-            B = len(prompts)
-            lens = torch.tensor([len(p) for p in prompts])
-            P = int(lens.max())
-            dev = self.device
-            ids = torch.full((B, P), self.pad_id, dtype=torch.long)
-            attn = torch.zeros(B, P, dtype=torch.long)
-            for b, p in enumerate(prompts):
-                ids[b, P - len(p) :] = torch.tensor(p)
-                attn[b, P - len(p) :] = 1
-            # left padding, but each row's first real token sits at position 0, as in training
-            pos = (torch.arange(P)[None, :] - (P - lens)[:, None]).clamp(min=0)
-            kw = forward_kwargs(model, seeds)
-            cache = model.new_cache()
-            logits = model.prefill(ids.to(dev), cache, attention_mask=attn.to(dev), position_ids=pos.to(dev), **kw)[
-                :, -1
-            ]
-            gens = [torch.Generator(device="cpu").manual_seed(int(s)) for s in seeds]
-            tokens: list[list[int]] = [[] for _ in range(B)]
-            lps: list[list[float]] = [[] for _ in range(B)]
-            done = [False] * B
-            next_pos = lens.clone()
-            for step in range(max_new_tokens):
-                step_tokens = self._sample(logits.float().cpu(), temperature, gens, done)
-                lp = token_logprobs(logits.float().cpu()[:, None], step_tokens[:, None], temperature or 1.0)[:, 0]
-                for b in range(B):
-                    if not done[b]:
-                        tokens[b].append(int(step_tokens[b]))
-                        lps[b].append(float(lp[b]))
-                        done[b] = int(step_tokens[b]) == self.eos_id
-                if all(done) or step == max_new_tokens - 1:
-                    break
-                live = torch.tensor([0 if d else 1 for d in done], dtype=torch.long)
-                feed = torch.where(live.bool(), step_tokens, torch.full_like(step_tokens, self.pad_id))
-                logits = model.decode_step(
-                    feed.to(dev),
-                    cache,
-                    attention_mask=live[:, None].to(dev),
-                    position_ids=next_pos[:, None].to(dev),
-                    **kw,
-                )
-                next_pos += 1
+            if max_new_tokens < 1:
+                raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+            with fused_kernels(self.device.type == "cuda" and self.cuda_graphs):
+                tokens, lps, n_valid = self._generate(model, prompts, seeds, temperature, max_new_tokens)
             return [
                 Completion(
-                    tokens=tokens[b],
-                    logprobs=lps[b],
+                    tokens=tokens[b][: n_valid[b]],
+                    logprobs=lps[b][: n_valid[b]],
                     version=self.version,
                     digest=self.digest,
-                    trace=latent_trace(model, int(seeds[b]), len(tokens[b]), self.model_revision, self.version),
+                    trace=latent_trace(model, int(seeds[b]), n_valid[b], self.model_revision, self.version),
                 )
-                for b in range(B)
+                for b in range(len(prompts))
             ]
 
+    def _generate(
+        self, model: nn.Module, prompts: list[list[int]], seeds: list[int], temperature: float, max_new: int
+    ) -> tuple[list[list[int]], list[list[float]], list[int]]:
+        """Tokens, log-probs and the number of valid tokens per row (through the first EOS).
+
+        Everything per step stays on the device: sampling draws each row's noise from its own
+        generator (on the engine's device), and the host reads the results once at the end (on a
+        GPU it checks whether every row has finished only every ``SYNC_EVERY`` steps). On CUDA,
+        with a model that offers a fixed-capacity cache, the first decode step runs eagerly and
+        later ones replay a CUDA graph of it: a Huginn step is ~10k small kernels, and launching
+        them one by one from Python costs more than running them.
+        """
+        B = len(prompts)
+        dev = self.device
+        lens = torch.tensor([len(p) for p in prompts])
+        P = int(lens.max())
+        ids = torch.full((B, P), self.pad_id, dtype=torch.long)
+        attn = torch.zeros(B, P, dtype=torch.long)
+        for b, p in enumerate(prompts):
+            ids[b, P - len(p) :] = torch.tensor(p)
+            attn[b, P - len(p) :] = 1
+        # left padding, but each row's first real token sits at position 0, as in training
+        pos = (torch.arange(P)[None, :] - (P - lens)[:, None]).clamp(min=0)
+        kw = forward_kwargs(model, seeds)
+        cache = self._new_cache(model, B, P + max_new)
+        static = not isinstance(cache, KVCache)
+        logits = model.prefill(ids.to(dev), cache, attention_mask=attn.to(dev), position_ids=pos.to(dev), **kw)[:, -1]
+
+        gens = [torch.Generator(device=dev).manual_seed(int(s)) for s in seeds]
+        out_tok = torch.zeros(B, max_new, dtype=torch.long, device=dev)
+        out_lp = torch.zeros(B, max_new, dtype=torch.float32, device=dev)
+        done = torch.zeros(B, dtype=torch.bool, device=dev)
+        n_valid = torch.zeros(B, dtype=torch.long, device=dev)
+        # the decode step's inputs live in fixed buffers, which a captured graph reads
+        feed = torch.zeros(B, dtype=torch.long, device=dev)
+        live = torch.ones(B, 1, dtype=torch.long, device=dev)
+        next_pos = lens[:, None].to(dev)
+        latents = self._decode_latents(model, seeds, lens, max_new)  # Huginn: (B, max_new - 1, E)
+        if latents is not None:
+            kw["latent_state"] = latents[:, :1].clone()
+        graph = graph_out = None
+        sync_every = SYNC_EVERY if dev.type == "cuda" else 1
+        for step in range(max_new):
+            tok = self._sample(logits, temperature, gens)
+            out_tok[:, step] = tok
+            out_lp[:, step] = token_logprobs(logits[:, None], tok[:, None], temperature or 1.0)[:, 0]
+            n_valid += (~done).long()
+            done |= tok == self.eos_id
+            if step == max_new - 1 or ((step + 1) % sync_every == 0 and bool(done.all())):
+                break
+            feed.copy_(torch.where(done, torch.full_like(tok, self.pad_id), tok))
+            live.copy_((~done).long()[:, None])
+            if latents is not None:
+                kw["latent_state"].copy_(latents[:, step : step + 1])
+            if graph is not None:
+                graph.replay()
+                logits = graph_out
+            else:
+                logits = model.decode_step(feed, cache, attention_mask=live, position_ids=next_pos, **kw)
+                if static and dev.type == "cuda" and self.cuda_graphs and step + 2 < max_new:
+                    graph, graph_out = self._capture(model, cache, feed, live, next_pos, kw)
+            next_pos += 1
+        return out_tok.tolist(), out_lp.tolist(), n_valid.tolist()
+
     @staticmethod
-    def _sample(logits: Tensor, temperature: float, gens: list[torch.Generator], done: list[bool]) -> Tensor:
-        """One token per row ``(B,)`` from ``logits`` ``(B, V)``; each row draws from its own generator."""
+    def _new_cache(model: nn.Module, batch: int, capacity: int) -> Any:
+        try:
+            return model.new_cache(batch=batch, capacity=capacity)
+        except TypeError:  # a model with only a growing cache
+            return model.new_cache()
+
+    @staticmethod
+    def _capture(
+        model: nn.Module, cache: Any, feed: Tensor, live: Tensor, next_pos: Tensor, kw: dict[str, Any]
+    ) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        """Record one decode step reading the fixed buffers ``feed``, ``live``, ``next_pos`` (and
+        Huginn's ``kw["latent_state"]``); returns the graph and its output buffer.
+
+        Recording runs no kernel: the cache's host-side count, advanced while recording, is put
+        back; its device-side write position advances inside every replay.
+        """
+        length = cache.length
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = model.decode_step(feed, cache, attention_mask=live, position_ids=next_pos, **kw)
+        cache.length = length
+        return graph, out
+
+    @staticmethod
+    def _decode_latents(model: nn.Module, seeds: list[int], lens: Tensor, max_new: int) -> Tensor | None:
+        """Huginn's initial states of every decode position, drawn up front (one copy to the device)."""
+        if not is_recurrent_depth(model) or max_new < 2:
+            return None
+        positions = lens[:, None] + torch.arange(max_new - 1)[None, :]
+        p = next(model.parameters())
+        state = initial_state([int(s) for s in seeds], positions, model.config.n_embd)
+        return state.to(device=p.device, dtype=p.dtype)
+
+    @staticmethod
+    def _sample(logits: Tensor, temperature: float, gens: list[torch.Generator]) -> Tensor:
+        """One token per row ``(B,)`` from ``logits`` ``(B, V)``; each row draws from its own generator.
+
+        The exponential race (``argmax p / E`` with ``E ~ Exp(1)`` per vocabulary entry) picks
+        token v with probability p(v); one noise vector per row keeps a row's token independent
+        of the rest of the batch, and nothing waits for the host.
+        """
         if temperature == 0:
             return logits.argmax(dim=-1)
-        probs = torch.softmax(logits / temperature, dim=-1)
-        out = torch.zeros(logits.shape[0], dtype=torch.long)
+        probs = torch.softmax(logits.float() / temperature, dim=-1)
+        noise = torch.empty_like(probs)
         for b, g in enumerate(gens):
-            if not done[b]:
-                out[b] = torch.multinomial(probs[b], 1, generator=g)[0]
-        return out
+            noise[b].exponential_(generator=g)
+        return (probs / noise).argmax(dim=-1)
 
     def close(self) -> None:
         self.model = None

@@ -1,0 +1,43 @@
+"""The fixed-capacity KV cache (device-side indices, what a CUDA graph replays) equals the growing one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hobson.models import PROVIDERS, tiny_config
+from hobson.models.common import KVCache, StaticKVCache
+
+
+@pytest.mark.parametrize("kind", ["huginn_raven", "nanbeige"])
+def test_static_cache_decodes_like_the_growing_cache(kind: str) -> None:
+    cfg = tiny_config(kind)
+    model = PROVIDERS[kind].build_actor(cfg, seed=3)
+    B, P, steps = 3, 6, 4
+    lens = torch.tensor([6, 4, 2])
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, cfg.vocab_size, (B, P), generator=g)
+    attn = (torch.arange(P)[None, :] >= (P - lens)[:, None]).long()  # left padding
+    pos = (torch.arange(P)[None, :] - (P - lens)[:, None]).clamp(min=0)
+    kw = {"seed": [5, 6, 7]} if kind == "huginn_raven" else {}
+    feed = torch.randint(1, cfg.vocab_size, (steps, B), generator=g)
+    live = torch.tensor([1, 1, 0])[:, None]  # a finished row keeps being fed (masked) padding
+    outs = {}
+    with torch.no_grad():
+        for name, cache in (("growing", model.new_cache()), ("static", model.new_cache(B, P + steps))):
+            seq = [model.prefill(ids, cache, attention_mask=attn, position_ids=pos, **kw)[:, -1]]
+            for t in range(steps):
+                seq.append(model.decode_step(feed[t], cache, attention_mask=live, position_ids=lens[:, None] + t, **kw))
+            outs[name] = torch.stack(seq)
+            assert cache.length == P + steps
+        assert isinstance(model.new_cache(), KVCache) and isinstance(model.new_cache(B, 8), StaticKVCache)
+    torch.testing.assert_close(outs["static"], outs["growing"], rtol=0, atol=1e-5)
+
+
+def test_static_cache_refuses_overflow() -> None:
+    model = PROVIDERS["nanbeige"].build_actor(tiny_config("nanbeige"), seed=0)
+    cache = model.new_cache(1, 4)
+    with torch.no_grad():
+        model.prefill(torch.ones(1, 4, dtype=torch.long), cache)
+        with pytest.raises(ValueError, match="capacity 4 cannot take 1 more after 4"):
+            model.decode_step(torch.ones(1, dtype=torch.long), cache)

@@ -64,6 +64,8 @@ HELP: dict[str, str] = {
     "engine_timeout": "seconds a remote engine may take to answer one generate request (default 600)",
     "publish_timeout": "seconds a remote engine may take to load and commit one publication (default 600)",
     "engine_ready_timeout": "seconds to wait for the remote engine's address file and readiness (default 600)",
+    "keep_checkpoints": "keep only the newest N checkpoints (0: all); an older one goes once a newer is written",
+    "keep_publications": "keep the weights of only the newest N publications (0: all); manifests always stay",
 }
 
 

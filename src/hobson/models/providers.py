@@ -1,6 +1,8 @@
 """Model providers: build, load and export the looped models under their native parameter names.
 
-A provider is chosen by ``model_type`` in the model's ``config.json`` (:func:`get_provider`)::
+A provider is chosen by ``model_type`` in the model's ``config.json`` (:func:`get_provider`); any
+other ``model_type`` that transformers maps to a causal LM (Llama, Qwen3, ...) gets
+:class:`hobson.rl.hf_provider.HFCausalLMProvider`::
 
     provider = get_provider("path/to/huginn-0125")        # or a config dict / config object
     actor = provider.load("path/to/huginn-0125", dtype=torch.float16)
@@ -105,14 +107,16 @@ class Provider:
         device: str | torch.device = "cpu",
         critic: bool = False,
         seed: int = 0,
+        tensors: dict[str, torch.Tensor] | None = None,
     ) -> nn.Module:
         """Load a checkpoint directory (``model.safetensors`` or shards + index) by native names.
 
         Tensors are cast to ``dtype``. With ``critic=True`` the LM head is ignored and a
-        ``value_head`` is loaded if present, else initialised from ``seed``.
+        ``value_head`` is loaded if present, else initialised from ``seed``. ``tensors``: the
+        directory's tensors already read (and verified) by the caller, used instead of a re-read.
         """
         cfg = self.config(read_config(model_dir))
-        ckpt = SafetensorsDir(model_dir)
+        ckpt = SafetensorsDir(model_dir, tensors)
         model = self._build(cfg, critic, dtype, device, seed, init=False)
         names = self._check_checkpoint(ckpt, model)
         copy_into(model, ckpt, names)
@@ -272,21 +276,32 @@ def _read_config_source(source: str | os.PathLike) -> dict[str, Any]:
 
 def get_provider(model_dir_or_config: Any) -> Provider:
     """The provider for a model directory, a config.json path, a config dict or a config object."""
+    # plain HF causal LMs (any other model_type transformers knows); imported late: it imports this module
+    from hobson.rl.hf_provider import HFCausalLMProvider, is_causal_lm_type
+
     if isinstance(model_dir_or_config, Provider):
         return model_dir_or_config
     for provider in PROVIDERS.values():
         if isinstance(model_dir_or_config, provider.config_cls):
             return provider
+    if not isinstance(model_dir_or_config, (dict, str, os.PathLike)):
+        from transformers import PretrainedConfig
+
+        if isinstance(model_dir_or_config, PretrainedConfig):
+            return HFCausalLMProvider()
     if isinstance(model_dir_or_config, dict):
         raw, where = model_dir_or_config, "config"
     else:
         raw, where = _read_config_source(model_dir_or_config), str(model_dir_or_config)
     model_type = raw.get("model_type")
-    if model_type not in PROVIDERS:
-        raise ConfigError(
-            f"{where}: model_type {model_type!r} has no provider; supported: {', '.join(sorted(PROVIDERS))}"
-        )
-    return PROVIDERS[model_type]
+    if model_type in PROVIDERS:
+        return PROVIDERS[model_type]
+    if is_causal_lm_type(model_type):
+        return HFCausalLMProvider()
+    raise ConfigError(
+        f"{where}: model_type {model_type!r} has no provider; supported: {', '.join(sorted(PROVIDERS))} "
+        "and the causal LMs of transformers (AutoModelForCausalLM)"
+    )
 
 
 def tiny_config(kind: str, **overrides: Any) -> Any:

@@ -98,6 +98,16 @@ def save_checkpoint(
     return final
 
 
+def prune_checkpoints(output: str | os.PathLike, keep: int) -> list[int]:
+    """Remove all but the newest ``keep`` whole checkpoints (0: keep all); returns the updates removed."""
+    if keep <= 0:
+        return []
+    gone = list_checkpoints(output)[:-keep]
+    for update in gone:
+        shutil.rmtree(checkpoint_dir(output, update))
+    return gone
+
+
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """``{"actor": tensors, "critic": tensors | None, **state}`` of one checkpoint directory."""
     path = Path(path)

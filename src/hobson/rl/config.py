@@ -19,7 +19,8 @@ PRECISIONS = {"fp32": "float32", "fp16": "float16"}
 # where the engine runs does not change the bits (a remote engine is bit-identical to the
 # in-process one), so a run may resume against another server, or in-process
 RESUME_MAY_CHANGE = frozenset(
-    {"stop_after", "resume", "engine_address_file", "engine_timeout", "publish_timeout", "engine_ready_timeout"}
+    {"stop_after", "resume", "engine_address_file", "engine_timeout", "publish_timeout", "engine_ready_timeout",
+     "keep_checkpoints", "keep_publications"}
 )
 TINY_PREFIX = "tiny:"
 
@@ -68,6 +69,9 @@ class RLConfig:
     engine_timeout: float = 600.0  # seconds for a remote engine to answer one generate request
     publish_timeout: float = 600.0  # seconds for a remote engine to load and commit one publication
     engine_ready_timeout: float = 600.0  # seconds to wait for the remote engine's address file + ping
+    # disk: official-size checkpoints are tens of GB (fp16 keeps fp32 master weights); 0 keeps all
+    keep_checkpoints: int = 0  # the newest N checkpoints stay, older ones are removed once a newer is whole
+    keep_publications: int = 0  # weights of all but the newest N versions are removed (manifests stay)
 
     def __post_init__(self) -> None:
         problems = []
@@ -100,6 +104,9 @@ class RLConfig:
             problems.append(f"completions_per_prompt {self.completions_per_prompt}: GRPO needs >= 2, others >= 1")
         if self.algorithm == "flow-dppo" and self.prompts_per_update * self.completions_per_prompt < 2:
             problems.append("flow-dppo takes two optimizer steps on half the completions each: needs >= 2 completions")
+        for name in ("keep_checkpoints", "keep_publications"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} {getattr(self, name)} must be >= 0 (0: keep all)")
         for name in ("engine_timeout", "publish_timeout", "engine_ready_timeout"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} {getattr(self, name)} must be > 0 seconds")

@@ -249,12 +249,33 @@ def _fwd(trainer: ModelTrainer, batch: Batch, with_grad: int) -> Tensor:
     )[:, :-1].cpu()
 
 
+def _now() -> float:
+    """Wall clock after the GPU's queued work (per-phase seconds would otherwise land in the next phase)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def _reset_peaks() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for d in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(d)
+
+
+def _peaks() -> dict[str, float]:
+    """Peak memory allocated by this process on each GPU since the last reset, GiB."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return {}
+    return {f"cuda:{d}": round(torch.cuda.max_memory_allocated(d) / 2**30, 3) for d in range(torch.cuda.device_count())}
+
+
 def train_on_rollout(
     alg: Algorithm, cfg: RLConfig, actor: ModelTrainer, critic: ModelTrainer | None, batch: Batch, backprop: int
 ) -> dict[str, Any]:
     """Advantages, frozen pre-update tensors, then ``alg.minibatches`` optimizer steps; returns metrics."""
     temp = cfg.temperature or 1.0
     actor.train()
+    t0 = _now()
     with torch.no_grad():
         logits = _fwd(actor, batch, 0)
         trainer_lp = token_logprobs(logits, batch.actions, temp)
@@ -271,6 +292,7 @@ def train_on_rollout(
         **ADVANTAGE_PARAMS[alg.advantage](cfg),
     )
     valid = batch.mask.bool()
+    t_recompute = _now() - t0
     out: dict[str, Any] = {
         "entropy": float(ent),
         "logprob_diff_max": float((trainer_lp - batch.behav).abs()[valid].max()) if valid.any() else 0.0,
@@ -294,6 +316,7 @@ def train_on_rollout(
             critic.step()
             step.update(value_loss=float(vloss.detach()), **{k: float(v) for k, v in vm.items()})
         out["steps"].append(step)
+    out["seconds"] = {"recompute": t_recompute, "optimizer": _now() - t0 - t_recompute}
     for key in ("loss", "grad_norm", "approx_kl", "clipfrac", "ratio_mean", "gate_frac", "kl_mean", "value_loss"):
         vals = [s[key] for s in out["steps"] if key in s]
         if vals:
@@ -429,13 +452,20 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
     pub_dtype = getattr(torch, dtype_name)
     reward_fn = get_reward(cfg.reward)
 
+    pub_secs: dict[str, float] = {}
+
     def publish(version: int) -> publication.Manifest:
-        t0 = time.perf_counter()
+        t0 = _now()
         man = publication.publish(
             provider, actor.module, pubs, version, model_revision=model_rev, engine_revision=engine_rev, dtype=pub_dtype
         )
+        t1 = _now()
         engine.load_publication(publication.version_dir(pubs, version))
-        record.event("publish", version=version, digest=man.digest, seconds=round(time.perf_counter() - t0, 4))
+        t2 = _now()
+        # only once the engine serves the new version may older weights go
+        publication.prune(pubs, cfg.keep_publications)
+        pub_secs.update(publish_write=t1 - t0, engine_load=t2 - t1)
+        record.event("publish", version=version, digest=man.digest, seconds=round(t2 - t0, 4))
         return man
 
     rng_after_publish = None
@@ -465,7 +495,8 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
     try:
         for update in range(start + 1, last + 1):
             secs: dict[str, float] = {}
-            t0 = time.perf_counter()
+            _reset_peaks()
+            t0 = _now()
             picked = rldata.batch_rows(rows, cursor, cfg.prompts_per_update)
             prompts, seeds, groups, meta_rows = [], [], [], []
             for i, (abs_idx, row) in enumerate(picked):
@@ -477,7 +508,7 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
                     meta_rows.append((abs_idx, row, j))
             record.event("rollout", update=update, version=engine.version)
             comps = engine.generate(prompts, seeds, cfg.temperature, cfg.max_new_tokens)
-            secs["rollout"] = time.perf_counter() - t0
+            secs["rollout"] = _now() - t0
             n_tokens = sum(len(c.tokens) for c in comps)
 
             t0 = time.perf_counter()
@@ -487,10 +518,11 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
                 rewards.append(float(reward_fn(tok.decode(text_ids), c.tokens, row.label)))
             secs["reward"] = time.perf_counter() - t0
 
-            t0 = time.perf_counter()
+            t0 = _now()
             batch = build_batch(prompts, comps, rewards, groups, seeds, tok.pad_id)
             stats = train_on_rollout(alg, cfg, actor, critic, batch, backprop)
-            secs["train"] = time.perf_counter() - t0
+            secs["train"] = _now() - t0
+            secs.update(stats.pop("seconds"))
             record.event("update", update=update, optimizer_steps=len(stats["steps"]))
 
             with atomic_write(out / "rollouts" / f"update-{update:06d}.jsonl") as f:
@@ -524,8 +556,9 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
             cursor += cfg.prompts_per_update
             version = update
             man = publish(version)
-            secs["publish"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
+            secs["publish"] = _now() - t0
+            secs.update(pub_secs)
+            t0 = _now()
             trainer_state = {
                 "actor_trainer": actor.state_dict(),
                 "data_cursor": cursor,
@@ -538,7 +571,8 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
             path = ckpt.save_checkpoint(
                 out, update, actor=actor.module, critic=critic.module if critic else None, state=trainer_state
             )
-            secs["checkpoint"] = time.perf_counter() - t0
+            ckpt.prune_checkpoints(out, cfg.keep_checkpoints)
+            secs["checkpoint"] = _now() - t0
             record.event("checkpoint", update=update, path=str(path.relative_to(out)))
             session["updates_run"].append(update)
             row_m = {
@@ -548,6 +582,7 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
                 "tokens": n_tokens,
                 "tokens_per_s": n_tokens / max(secs["rollout"], 1e-9),
                 "seconds": {k: round(v, 4) for k, v in secs.items()},
+                **({"peak_memory_gib": _peaks()} if _peaks() else {}),
                 **{k: v for k, v in stats.items() if k != "steps"},
                 "steps": stats["steps"],
             }

@@ -47,8 +47,9 @@ def test_get_provider_sources(tmp_path):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "huginn_raven"}))
     assert get_provider(tmp_path / "m").model_type == "huginn_raven"
-    with pytest.raises(ConfigError, match=r"model_type 'gpt2' has no provider; supported: huginn_raven, nanbeige"):
-        get_provider({"model_type": "gpt2"})
+    with pytest.raises(ConfigError, match=r"model_type 't5' has no provider; supported: huginn_raven, nanbeige"):
+        get_provider({"model_type": "t5"})
+    assert get_provider({"model_type": "gpt2"}).model_type == "hf-causal-lm"  # plain HF causal LMs
     with pytest.raises(ConfigError, match="no such model directory"):
         get_provider(tmp_path / "nothing")
     with pytest.raises(ConfigError, match="unknown model kind 'llama'"):

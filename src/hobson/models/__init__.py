@@ -2,7 +2,8 @@
 
 - :mod:`hobson.models.huginn`: Huginn-0125 (``huginn_raven``), recurrent depth with latent state.
 - :mod:`hobson.models.nanbeige`: Nanbeige4.2-3B (``nanbeige``), a Llama stack run ``num_loops`` times.
-- :mod:`hobson.models.providers`: :func:`get_provider` by ``model_type``; build, load, export.
+- :mod:`hobson.models.providers`: :func:`get_provider` by ``model_type``; build, load, export
+  (any other causal LM transformers knows: :mod:`hobson.rl.hf_provider`).
 - :mod:`hobson.models.common`: RMSNorm, the KV cache, attention masks, checkpoint directories.
 """
 

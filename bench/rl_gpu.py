@@ -1,0 +1,434 @@
+"""RL on GPUs at the official model shapes (random weights): rollout engine, publication, end to end.
+
+    python bench/rl_gpu.py --kind huginn_raven --work /tmp/rlb --json out.json [--parts rollout,publish,e2e]
+    python bench/rl_gpu.py --kind nanbeige --size tiny --device cpu ...        # a quick CPU check
+
+One process per model kind. Each part prints a markdown table and the JSON file is rewritten
+after every part (a run cut short keeps what finished):
+
+- ``model``: a random checkpoint of the official config (``tests/fixtures/official-models``),
+  drawn on the GPU and written with the official names (Huginn fp16, Nanbeige fp32).
+- ``rollout``: generated tokens/s of the native engine (static KV cache, CUDA-graph decode, GPU
+  sampling) against plain HF-style generation of the same model, prompts and lengths (growing
+  cache, ``torch.multinomial`` sampling, an all-finished check every step: what
+  ``transformers.generate`` does) and against the native engine without CUDA graphs; bf16, batch
+  16, 128-token prompts, 48 new tokens, T=0.8, no early stop. Prefill tokens/s and ms per decode
+  step are split out. For Huginn also a forward+backward with 24 no-grad + 8 grad recurrences on
+  16 × 176 tokens, the reference's third figure.
+- ``publish``: seconds and GB/s to publish one version (trainer on the first GPU) and to load it
+  into the engine (last GPU), against a raw copy of the same safetensors bytes (copy + fsync, the
+  same durability the publication gets) and a plain read of them.
+- ``e2e``: ``python -m jobs.rl`` per algorithm with one training GPU and one rollout GPU, 3
+  updates, the default batch, then ``--stop-after 2`` + ``--resume`` in a fresh process and
+  ``verify-resume`` (deterministic mode is on whenever a device is CUDA). Per update: seconds of
+  rollout, reward, recompute, optimizer, publication (write, engine load), checkpoint; rollout
+  tokens/s; peak memory per GPU. ``--deadline`` stops starting new runs near the time limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from hobson.models import PROVIDERS, tiny_config  # noqa: E402
+from hobson.models.common import KVCache  # noqa: E402
+from hobson.rl import publication  # noqa: E402
+from hobson.rl.engine import NativeEngine, forward_kwargs  # noqa: E402
+
+FIXTURES = ROOT / "tests" / "fixtures" / "official-models"
+OFFICIAL = {"huginn_raven": "huginn-0125.config.json", "nanbeige": "nanbeige4.2-3b.config.json"}
+RL_DTYPE = {"huginn_raven": torch.float16, "nanbeige": torch.float32}
+RL_PRECISION = {"huginn_raven": "fp16", "nanbeige": "fp32"}
+REFERENCE_HUGINN = {"prefill_tok_s": 3163, "decode_tok_s": 69, "decode_ms": 231, "fwd_bwd_tok_s": 2634}
+ALGORITHMS = ("grpo", "ppo", "dppo", "flow-dppo")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def sync(device: str) -> None:
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def config_for(kind: str, size: str):
+    if size == "official":
+        return PROVIDERS[kind].config(json.loads((FIXTURES / OFFICIAL[kind]).read_text()))
+    return tiny_config(kind, **({"block_size": 512} if kind == "huginn_raven" else {}))
+
+
+def random_model(kind: str, cfg, dtype: torch.dtype, device: str, seed: int = 0):
+    """Random weights drawn on ``device`` (the provider's CPU init would take minutes at 4B)."""
+    provider = PROVIDERS[kind]
+    model = provider._build(cfg, False, dtype, device, seed, init=False)
+    std = cfg.init_std if kind == "huginn_raven" else cfg.initializer_range
+    g = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("ln_f.weight"):
+                p.fill_(1.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, std, generator=g)
+    return model.eval()
+
+
+def part_model(args, res: dict) -> Path:
+    out = Path(args.work) / f"{args.kind}-{args.size}"
+    if (out / "config.json").exists():
+        return out
+    t0 = time.perf_counter()
+    cfg = config_for(args.kind, args.size)
+    model = random_model(args.kind, cfg, RL_DTYPE[args.kind], args.device)
+    PROVIDERS[args.kind].export(model, out, dtype=RL_DTYPE[args.kind])
+    n = sum(p.numel() for p in model.parameters())
+    del model
+    res["model"] = {"dir": str(out), "parameters": n, "seconds": round(time.perf_counter() - t0, 1)}
+    log(f"model {out}: {n:,} parameters in {res['model']['seconds']} s")
+    return out
+
+
+# ------------------------------------------------------------------------------------ rollout
+def hf_style_generate(model, prompts: torch.Tensor, seeds: list[int], new_tokens: int, temperature: float) -> None:
+    """What ``transformers.generate`` does: growing cache, multinomial sampling, a finished check per step."""
+    B = prompts.shape[0]
+    kw = forward_kwargs(model, seeds)
+    cache = KVCache()
+    logits = model.prefill(prompts, cache, **kw)[:, -1]
+    unfinished = torch.ones(B, dtype=torch.bool, device=prompts.device)
+    for _ in range(new_tokens - 1):
+        probs = torch.softmax(logits.float() / temperature, dim=-1)
+        nxt = torch.multinomial(probs, 1)[:, 0]
+        unfinished &= nxt != -1
+        if not bool(unfinished.any()):  # the stopping-criteria check HF makes every step
+            break
+        logits = model.decode_step(nxt, cache, **kw)
+
+
+def part_rollout(args, res: dict) -> None:
+    dev = args.engine_device
+    cfg = config_for(args.kind, args.size)
+    model = random_model(args.kind, cfg, torch.bfloat16, dev)
+    provider = PROVIDERS[args.kind]
+    B, P, N, T = args.batch, args.prompt_tokens, args.new_tokens, 0.8
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(1, cfg.vocab_size, (B, P), generator=g)
+    seeds = list(range(B))
+    rows = {}
+
+    def engine(graphs: bool) -> NativeEngine:
+        e = NativeEngine(provider, dtype=torch.bfloat16, device=dev, eos_id=-1, pad_id=0, model_revision="bench",
+                         engine_revision="bench", cuda_graphs=graphs)
+        e.model, e.version, e.digest = model, 0, "bench"  # a bench shortcut: no publication needed
+        return e
+
+    def timed(fn, repeat: int = 2) -> float:
+        best = float("inf")
+        for _ in range(repeat):
+            sync(dev)
+            t0 = time.perf_counter()
+            fn()
+            sync(dev)
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    plist = prompts.tolist()
+    for name, graphs in (("native engine (CUDA graphs)", True), ("native engine (eager)", False)):
+        e = engine(graphs)
+        e.generate(plist[:2], seeds[:2], T, 4)  # warm-up
+        prefill = timed(lambda e=e: e.generate(plist, seeds, T, 1))
+        total = timed(lambda e=e: e.generate(plist, seeds, T, N))
+        rows[name] = {"seconds": total, "prefill_s": prefill}
+        log(f"{name}: {B * N / total:.1f} tok/s")
+    ids = prompts.to(dev)
+    with torch.no_grad():
+        hf_style_generate(model, ids[:2], seeds[:2], 4, T)
+        prefill = timed(lambda: hf_style_generate(model, ids, seeds, 1, T))
+        total = timed(lambda: hf_style_generate(model, ids, seeds, N, T))
+    rows["plain HF-style generate"] = {"seconds": total, "prefill_s": prefill}
+    base = rows["plain HF-style generate"]
+    for r in rows.values():
+        decode_ms = (r["seconds"] - r["prefill_s"]) / (N - 1) * 1000
+        r.update(
+            tokens_per_s=B * N / r["seconds"],
+            decode_ms_per_step=decode_ms,
+            decode_tokens_per_s=B / (decode_ms / 1000),
+            prefill_tokens_per_s=B * P / r["prefill_s"],
+            ratio_vs_hf_style=base["seconds"] / r["seconds"],
+        )
+    out = {"dtype": "bfloat16", "batch": B, "prompt_tokens": P, "new_tokens": N, "engines": rows}
+    print(f"\n### rollout: {args.kind} ({args.size}), bf16, batch {B}, {P} prompt + {N} new tokens, T={T}\n")
+    print("| engine | tokens/s | decode ms/step | decode tok/s | prefill tok/s | × HF-style |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name, r in rows.items():
+        print(f"| {name} | {r['tokens_per_s']:.0f} | {r['decode_ms_per_step']:.1f} | {r['decode_tokens_per_s']:.0f} | "
+              f"{r['prefill_tokens_per_s']:.0f} | {r['ratio_vs_hf_style']:.2f} |")
+    if args.kind == "huginn_raven":
+        ref = REFERENCE_HUGINN
+        nat = rows["native engine (CUDA graphs)"]
+        out["vs_reference"] = {
+            "reference": ref,
+            "decode_ratio": nat["decode_tokens_per_s"] / ref["decode_tok_s"],
+            "prefill_ratio": nat["prefill_tokens_per_s"] / ref["prefill_tok_s"],
+            "floor_ms": 22.0,
+        }
+        print(f"\nreference decode {ref['decode_tok_s']} tok/s ({ref['decode_ms']} ms/step): native "
+              f"{nat['decode_tokens_per_s']:.0f} tok/s = {out['vs_reference']['decode_ratio']:.1f}x, "
+              f"{nat['decode_ms_per_step']:.1f} ms/step against the ~22 ms memory-bound floor")
+        if args.size == "official" or args.fwd_bwd:
+            out["fwd_bwd"] = huginn_fwd_bwd(model, dev, B, 176)
+            print(f"forward+backward 24 no-grad + 8 grad recurrences, {B}x176 tokens: "
+                  f"{out['fwd_bwd']['tokens_per_s']:.0f} tok/s (reference {ref['fwd_bwd_tok_s']})")
+    res["rollout"] = out
+    model = None
+    if dev.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
+def huginn_fwd_bwd(model, dev: str, B: int, T: int) -> dict:
+    model.train()
+    ids = torch.randint(1, model.config.vocab_size, (B, T), device=dev)
+    seeds = list(range(B))
+    steps = min(8, model.config.mean_recurrence)
+
+    def once() -> None:
+        logits = model(ids, num_steps_no_grad=model.config.mean_recurrence - steps, num_steps_with_grad=steps,
+                       seed=seeds)
+        logits.float().logsumexp(-1).mean().backward()
+        model.zero_grad(set_to_none=True)
+
+    once()
+    sync(dev)
+    t0 = time.perf_counter()
+    for _ in range(3):
+        once()
+    sync(dev)
+    secs = (time.perf_counter() - t0) / 3
+    model.eval()
+    return {"seconds": secs, "tokens_per_s": B * T / secs, "no_grad_steps": model.config.mean_recurrence - steps,
+            "grad_steps": steps}
+
+
+# ------------------------------------------------------------------------------------ publish
+def part_publish(args, res: dict, model_dir: Path) -> None:
+    provider = PROVIDERS[args.kind]
+    dtype = RL_DTYPE[args.kind]
+    work = Path(args.work) / "publish"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    model = provider.load(model_dir, dtype=dtype, device=args.device)
+    sync(args.device)
+    t0 = time.perf_counter()
+    man = publication.publish(provider, model, work / "pubs", 0, model_revision="bench", engine_revision="bench",
+                              dtype=dtype)
+    sync(args.device)
+    t_pub = time.perf_counter() - t0
+    del model
+    pub = publication.version_dir(work / "pubs", 0)
+    files = sorted(p for p in pub.iterdir() if p.suffix == ".safetensors")
+    nbytes = sum(p.stat().st_size for p in files)
+    engine = NativeEngine(provider, dtype=dtype, device=args.engine_device, eos_id=-1, pad_id=0,
+                          model_revision="bench", engine_revision="bench")
+    t0 = time.perf_counter()
+    engine.load_publication(pub)
+    sync(args.engine_device)
+    t_load = time.perf_counter() - t0
+    assert engine.digest == man.digest
+    engine.close()
+    (work / "copy").mkdir()
+    t0 = time.perf_counter()
+    for p in files:
+        dst = work / "copy" / p.name
+        shutil.copyfile(p, dst)
+        with open(dst, "rb") as f:
+            os.fsync(f.fileno())
+    t_copy = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for p in files:
+        with open(p, "rb") as f:
+            while f.read(64 << 20):
+                pass
+    t_read = time.perf_counter() - t0
+    gb = nbytes / 1e9
+    out = {
+        "bytes": nbytes,
+        "publish_s": t_pub, "load_s": t_load, "raw_copy_s": t_copy, "raw_read_s": t_read,
+        "publish_gb_s": gb / t_pub, "load_gb_s": gb / t_load,
+        "raw_copy_gb_s": gb / t_copy, "raw_read_gb_s": gb / t_read,
+        "publish_vs_copy": t_copy / t_pub, "load_vs_copy": t_copy / t_load,
+    }
+    res["publish"] = out
+    print(f"\n### publication: {args.kind} ({args.size}), {dtype}, {gb:.2f} GB of safetensors\n")
+    print("| step | seconds | GB/s | share of raw copy speed |")
+    print("| --- | ---: | ---: | ---: |")
+    print(f"| publish (export, digest, manifest, fsync, rename) | {t_pub:.2f} | {gb / t_pub:.2f} | "
+          f"{t_copy / t_pub:.0%} |")
+    print(f"| engine load (digest of bytes read, checks, to GPU) | {t_load:.2f} | {gb / t_load:.2f} | "
+          f"{t_copy / t_load:.0%} |")
+    print(f"| raw copy + fsync | {t_copy:.2f} | {gb / t_copy:.2f} | 100% |")
+    print(f"| raw read | {t_read:.2f} | {gb / t_read:.2f} | |")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------ e2e
+def rl_cmd(args, model_dir: Path, alg: str, out: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "jobs.rl", "--algorithm", alg, "--model", str(model_dir), "--output", str(out),
+        "--updates", "3", "--precision", RL_PRECISION[args.kind] if args.device != "cpu" else "fp32",
+        "--device", args.device,
+        "--engine-device", args.engine_device, "--reward", args.reward, "--keep-checkpoints", "1",
+        "--keep-publications", "1", *(["--recompute"] if args.size == "official" else []),
+        *extra,
+    ]
+
+
+def run(cmd: list[str], log_path: Path) -> int:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
+    with open(log_path, "w") as f:
+        return subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+
+
+def part_e2e(args, res: dict, model_dir: Path, t_start: float) -> None:
+    work = Path(args.work) / "e2e"
+    work.mkdir(parents=True, exist_ok=True)
+    res.setdefault("e2e", {})
+    algs = args.algorithms.split(",")
+    for alg in algs:
+        if time.perf_counter() - t_start > args.deadline:
+            log(f"deadline: {alg} not started")
+            res["e2e"][alg] = {"skipped": "deadline"}
+            continue
+        # the uninterrupted run goes to RAM when it fits: two official-size checkpoints (fp16 keeps
+        # fp32 master weights: 21 GB for Huginn) do not fit beside each other on a 64 GB disk
+        shm = Path(args.shm)
+        a = shm / f"{alg}-a" if shm.parent.is_dir() and _free_gb(shm.parent) > args.shm_min_gb else work / f"{alg}-a"
+        b = work / f"{alg}-b"
+        log(f"{alg}: full run in {a}, stop/resume in {b}; free GB: work {_free_gb(work):.0f}, "
+            f"{shm.parent} {_free_gb(shm.parent) if shm.parent.is_dir() else 0:.0f}")
+        shutil.rmtree(a, ignore_errors=True)
+        shutil.rmtree(b, ignore_errors=True)
+        entry: dict = {}
+        t0 = time.perf_counter()
+        entry["rc_full"] = run(rl_cmd(args, model_dir, alg, a), work / f"{alg}-a.log")
+        entry["wall_full_s"] = round(time.perf_counter() - t0, 1)
+        if entry["rc_full"] != 0:
+            entry["log_tail"] = (work / f"{alg}-a.log").read_text()[-3000:]
+            res["e2e"][alg] = entry
+            log(f"{alg}: full run failed rc={entry['rc_full']}")
+            continue
+        entry["updates"] = [json.loads(line) for line in (a / "metrics.jsonl").read_text().splitlines()]
+        resume = alg in args.resume_algorithms.split(",") and time.perf_counter() - t_start < args.deadline
+        entry["run_dirs"] = [str(a), str(b)]
+        if resume:
+            t0 = time.perf_counter()
+            entry["rc_stop"] = run(rl_cmd(args, model_dir, alg, b, "--stop-after", "2"), work / f"{alg}-b1.log")
+            entry["rc_resume"] = run(rl_cmd(args, model_dir, alg, b, "--resume"), work / f"{alg}-b2.log")
+            entry["wall_stop_resume_s"] = round(time.perf_counter() - t0, 1)
+            vr = subprocess.run([sys.executable, "-m", "jobs.verify_resume", str(a), str(b)], cwd=ROOT,
+                                env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}"}, capture_output=True,
+                                text=True)
+            entry["verify_resume_rc"] = vr.returncode
+            entry["verify_resume"] = vr.stdout.strip().splitlines()
+            if entry["rc_stop"] or entry["rc_resume"]:
+                entry["log_tail"] = (work / f"{alg}-b2.log").read_text()[-3000:]
+        res["e2e"][alg] = entry
+        print_e2e(args, alg, entry)
+        write(args, res)
+        shutil.rmtree(a, ignore_errors=True)
+        shutil.rmtree(b, ignore_errors=True)
+
+
+def _free_gb(path: Path) -> float:
+    return shutil.disk_usage(path).free / 1e9
+
+
+def print_e2e(args, alg: str, e: dict) -> None:
+    print(f"\n### e2e: {args.kind} {alg}, train {args.device}, rollout {args.engine_device}, "
+          f"{RL_PRECISION[args.kind]}, full run {e['wall_full_s']} s\n")
+    keys = ["rollout", "reward", "recompute", "optimizer", "publish_write", "engine_load", "checkpoint"]
+    print("| update | " + " | ".join(keys) + " | rollout tok/s | peak GiB per GPU |")
+    print("| ---: | " + " | ".join("---:" for _ in keys) + " | ---: | --- |")
+    for u in e["updates"]:
+        s = u["seconds"]
+        print(f"| {u['update']} | " + " | ".join(f"{s.get(k, float('nan')):.2f}" for k in keys)
+              + f" | {u['tokens_per_s']:.0f} | {u.get('peak_memory_gib', {})} |")
+    if "verify_resume_rc" in e:
+        n_eq = sum(1 for line in e["verify_resume"] if line.endswith(": equal"))
+        print(f"\nstop after 2 + resume ({e['wall_stop_resume_s']} s): verify-resume rc {e['verify_resume_rc']}, "
+              f"{n_eq}/{len(e['verify_resume'])} items equal")
+        for line in e["verify_resume"]:
+            if not line.endswith(": equal"):
+                print("   ", line)
+
+
+def write(args, res: dict) -> None:
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1, default=str))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kind", required=True, choices=sorted(OFFICIAL))
+    p.add_argument("--size", default="official", choices=["official", "tiny"])
+    p.add_argument("--parts", default="rollout,publish,e2e")
+    p.add_argument("--work", default="/tmp/hobson-rl-bench")
+    p.add_argument("--json")
+    cuda = torch.cuda.is_available()
+    p.add_argument("--device", default="cuda:0" if cuda else "cpu", help="training device")
+    p.add_argument("--engine-device", default=f"cuda:{torch.cuda.device_count() - 1}" if cuda else "cpu")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=48)
+    p.add_argument("--fwd-bwd", action="store_true", help="also the Huginn forward+backward at tiny size")
+    p.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    p.add_argument("--resume-algorithms", default=",".join(ALGORITHMS), help="those also stopped and resumed")
+    p.add_argument("--reward", default="test-token-value",
+                   help="random weights never solve math: the documented test reward gives varied rewards")
+    p.add_argument("--shm", default="/dev/shm/hobson-e2e", help="where the uninterrupted run goes if RAM allows")
+    p.add_argument("--shm-min-gb", type=float, default=45.0)
+    p.add_argument("--deadline", type=float, default=480.0, help="seconds after which no new e2e run starts")
+    args = p.parse_args()
+    t_start = time.perf_counter()
+    res: dict = {
+        "kind": args.kind, "size": args.size, "torch": torch.__version__,
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    parts = args.parts.split(",")
+    model_dir = part_model(args, res) if {"publish", "e2e"} & set(parts) else None
+    write(args, res)
+    for part in parts:
+        t0 = time.perf_counter()
+        try:
+            if part == "rollout":
+                part_rollout(args, res)
+            elif part == "publish":
+                part_publish(args, res, model_dir)
+            elif part == "e2e":
+                part_e2e(args, res, model_dir, t_start)
+        except Exception as e:  # keep the other parts' figures
+            import traceback
+
+            traceback.print_exc()
+            res[f"{part}_error"] = repr(e)
+        res.setdefault("part_seconds", {})[part] = round(time.perf_counter() - t0, 1)
+        log(f"{part} done in {res['part_seconds'][part]} s")
+        write(args, res)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""``bench/recipe_gpu.py`` keeps working: the published shapes, and every part at ``--shape tiny`` on a CPU.
+
+The GPU figures come from the same code at ``--shape official --device cuda``; here the tiny run
+goes through the real labeller, the real training recipe (random Qwen3.5 torso, torch Gated
+DeltaNet path) and a real 2-rank torchrun (gloo), and the JSON must hold every figure.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def rg():
+    spec = importlib.util.spec_from_file_location("recipe_gpu", REPO / "bench" / "recipe_gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Tok:
+    bos_token_id, eos_token_id, pad_token_id = 1, 2, 0
+
+    def __len__(self) -> int:
+        return 4096
+
+
+def test_official_shapes_are_the_published_models(rg):
+    """Built on the meta device: Qwen3.5-2B's 1,881,825,088 parameters, Qwen3-4B's 4,022,468,096."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        torso = AutoModelForCausalLM.from_config(rg.torso_config("official", _Tok()))
+        teacher = AutoModelForCausalLM.from_config(rg.teacher_config("official", _Tok()))
+    assert type(torso).__name__ == "Qwen3_5ForCausalLM"
+    assert sum(p.numel() for p in torso.parameters()) == 1_881_825_088
+    assert torso.config.layer_types.count("linear_attention") == 18
+    assert torso.config.layer_types.count("full_attention") == 6
+    assert sum(p.numel() for p in teacher.parameters()) == 4_022_468_096
+    n_mm = rg.matmul_params(torso.base_model)
+    assert n_mm == 1_372_717_056  # embeddings excluded
+    fl = rg.flops_per_token(torso.config, n_mm, 0, [63, 63], frozen_forward=True, recompute=True)
+    assert fl["forward"] == 2 * n_mm + fl["attention_core"] + fl["gated_deltanet_core"]
+    assert fl["backward"] == 2 * n_mm + 2 * (fl["attention_core"] + fl["gated_deltanet_core"])
+    assert fl["model"] == fl["forward"] + fl["backward"] + fl["frozen_forward"]
+    assert fl["mean_context"] == 32  # (L + 1) / 2 for causal rows of 63 tokens
+    assert fl["attention_core"] == 6 * 4 * 8 * 256 * 32
+
+
+@pytest.mark.slow
+def test_all_parts_tiny_on_cpu(rg, tmp_path, capsys):
+    out = tmp_path / "all.json"
+    threads = torch.get_num_threads()
+    rc = rg.main(["all", "--device", "cpu", "--shape", "tiny", "--json", str(out), "--workdir", str(tmp_path / "work")])
+    assert torch.get_num_threads() == threads
+    fig = json.loads(out.read_text())
+    assert rc == 0, {part: fig[part].get("error") for part in ("label", "train", "ddp") if part in fig}
+    printed = capsys.readouterr().out
+    for title in ("### label:", "### train:", "### ddp:", "### wall seconds per part"):
+        assert title in printed
+
+    label = fig["label"]
+    assert label["rows"] == 48 and label["tokens"] > 48 and label["naive"]["rows"] == 8
+    for part in ("batched", "naive", "full_forward"):
+        assert label[part]["tokens_per_s"] > 0
+    assert label["batched"]["shard_rows"] == 48
+    assert label["batched_over_full_forward"] == pytest.approx(
+        label["batched"]["tokens_per_s"] / label["full_forward"]["tokens_per_s"], abs=2e-3)
+    assert label["full_forward"]["tokens"] >= label["tokens"]
+    assert label["max_abs_prob_diff_batched_vs_naive"] < 1e-4  # fp32: padding changes nothing but rounding
+
+    train = fig["train"]
+    assert train["steps"] == 2 and train["rows"] == 2 * 32  # micro_batch_size 16 x grad_accum 2
+    assert train["tokens_per_s"] > 0 and train["padded_tokens"] >= train["tokens"]
+    assert 0 < train["mfu"] < 1 and 0 < train["mfu_6n"] < 1 and train["peak"]["tflops"] > 0
+    assert train["gated_deltanet"]["chunk_gated_delta_rule"] == "torch"
+    # 3 Gated DeltaNet layers x (grad forward + frozen forward) x 2 micro-batches x 3 steps (1 warm-up)
+    assert train["gated_deltanet"]["calls"] == 3 * 2 * 2 * 3
+    assert train["recipe"]["frozen_forward_per_micro_batch"] is True
+    assert train["torso"]["config"]["gated_deltanet_layers"] == 3
+    f = train["flops_per_token"]
+    assert f["model"] == pytest.approx(f["forward"] + f["backward"] + f["frozen_forward"], rel=1e-6)
+
+    ddp = fig["ddp"]
+    assert [r["rank"] for r in ddp["ranks"]] == [0, 1] and all(r["rc"] == 0 for r in ddp["ranks"])
+    assert len(ddp["grad_rel_diff_per_step"]) == 3 and ddp["rendering_equal"]
+    assert ddp["worst_grad_rel_diff"] < ddp["cpu_test_bound"] == 1e-5
+    assert ddp["grads_within_cpu_test_bound"] and ddp["params_within_cpu_test_bound"]
+    assert ddp["tensors_compared"] > 0
+    assert all(r["gated_deltanet"]["calls"] > 0 for r in ddp["ranks"])
+    assert set(fig["environment"]) >= {"torch", "transformers", "peft"}
+
+
+def _dispatch_wrapper(implementation, torch_function):
+    """A stand-in for transformers' ``use_kernel_func_from_hub_with_fallback`` wrapper."""
+    def wrapped(*args, **kwargs):
+        if implementation is torch_function:
+            return torch_function(*args, **kwargs)
+        return implementation(*args, **kwargs)
+    return wrapped
+
+
+def test_gated_deltanet_detection_and_fla_switch(rg):
+    """The torch fallback is found behind the wrapper; an fla implementation whose backward cannot be
+    vouched for (here: a CPU) is replaced by the torch fallback, and the calls go there."""
+    import transformers.models.qwen3_5.modeling_qwen3_5 as m
+
+    impl, torch_fn = rg._dispatch(m.torch_chunk_gated_delta_rule)
+    assert torch_fn is not None and rg._path_name(impl) in ("torch", "fla")
+    assert rg._probe_backward(torch_fn, "cpu") is None
+
+    def broken_backward(q, k, v, **kwargs):
+        return (q * 2).detach(), None  # no graph: backward raises
+    assert rg._probe_backward(broken_backward, "cpu").startswith("RuntimeError")
+
+    def fla_kernel(*args, **kwargs):
+        raise AssertionError("the fla stand-in must not be called after the switch")
+    fla_kernel.__module__ = "fla.ops.gated_delta_rule.chunk"
+    original = m.torch_chunk_gated_delta_rule
+    m.torch_chunk_gated_delta_rule = _dispatch_wrapper(fla_kernel, torch_fn)
+    try:
+        with rg.gated_deltanet("cpu") as info:
+            q = torch.randn(1, 8, 2, 4)
+            out, _ = m.torch_chunk_gated_delta_rule(q, q, q, g=-torch.rand(1, 8, 2), beta=torch.rand(1, 8, 2),
+                                                    cu_seqlens=None, use_qk_l2norm_in_kernel=True)
+            assert out.shape == (1, 8, 2, 4)
+        assert info["chunk_gated_delta_rule"] == "torch" and info["switched_to_torch"]
+        assert info["fla_backward_error"] == "not probed on a CPU" and info["calls"] == 1
+    finally:
+        m.torch_chunk_gated_delta_rule = original
+    assert m.torch_chunk_gated_delta_rule is original

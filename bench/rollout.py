@@ -104,7 +104,8 @@ def hf_generate(cfg, prompts, new_tokens, device) -> int:
 
 
 def vllm_generate(cfg, prompts, seeds, new_tokens, device) -> tuple[float, int]:
-    """hobson's VLLMEngine on the same-compute Llama (vLLM cannot serve Nanbeige's loops yet)."""
+    """hobson's VLLMEngine on the same-compute Llama (kept as the plain-model row; the engine also
+    serves Nanbeige itself through its out-of-tree model, see tests/rl/vllm_engine_checks.py)."""
     import vllm  # noqa: F401  (ImportError: no row)
 
     from hobson.rl.hf_provider import HFCausalLMProvider

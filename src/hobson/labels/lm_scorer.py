@@ -26,22 +26,35 @@ class LMOptionScorer:
         pad = tokenizer.pad_token_id
         # Pad positions are masked out, so any id works when a tokenizer has no pad token.
         self.pad_id = pad if pad is not None else 0
+        self._ids: dict[str, Any] = {}
 
     def encode(self, row: dict[str, Any]) -> list[int]:
         return self.tokenizer(render_prompt(row))["input_ids"]
 
+    def _encode_many(self, rows: Sequence[dict[str, Any]]) -> list[Any]:
+        """Token ids of each row's prompt: tokenised in one batched call, kept for the scoring pass
+        (the labeller asks for every length first, then scores the same rows), int32 to stay small."""
+        import numpy as np
+
+        texts = [render_prompt(r) for r in rows]
+        missing = [t for t in dict.fromkeys(texts) if t not in self._ids]
+        if missing:
+            for t, ids in zip(missing, self.tokenizer(missing)["input_ids"], strict=True):
+                self._ids[t] = np.asarray(ids, dtype=np.int32)
+        return [self._ids[t] for t in texts]
+
     def lengths(self, rows: Sequence[dict[str, Any]]) -> list[int]:
-        return [len(self.encode(r)) for r in rows]
+        return [len(x) for x in self._encode_many(rows)]
 
     def score_batch(self, rows: Sequence[dict[str, Any]]) -> list[list[float]]:
         import torch
 
-        ids = [self.encode(r) for r in rows]
+        ids = self._encode_many(rows)
         width = max(len(x) for x in ids)
         input_ids = torch.full((len(ids), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(ids), width), dtype=torch.long)
         for k, x in enumerate(ids):
-            input_ids[k, width - len(x):] = torch.tensor(x, dtype=torch.long)
+            input_ids[k, width - len(x):] = torch.from_numpy(x).long()
             mask[k, width - len(x):] = 1
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         with torch.inference_mode():
@@ -51,12 +64,9 @@ class LMOptionScorer:
                 position_ids=positions.to(self.device),
                 logits_to_keep=1,
             ).logits[:, -1, :]  # (B, V): the next-token logits after each row's last real token
-            letters = logits[:, self.letter_ids].float()  # (B, 26)
-            out = []
-            for k, row in enumerate(rows):
-                n = len(row["options"])
-                out.append(torch.softmax(letters[k, :n], dim=-1).cpu().tolist())
-        return out
+            # one copy to the host per batch; a softmax per row on the device would wait on it per row
+            letters = logits[:, self.letter_ids].float().cpu()  # (B, 26)
+            return [torch.softmax(letters[k, : len(row["options"])], dim=-1).tolist() for k, row in enumerate(rows)]
 
 
 def load_causal_lm(

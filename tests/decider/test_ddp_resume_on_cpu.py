@@ -79,7 +79,7 @@ def _assert_bit_identical(a: Path, b: Path) -> None:
         assert torch.equal(hd_a[k], hd_b[k]), k
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
 def test_ddp_gradients_and_rendering_equal_one_process(runs, world):
     one = runs("w1", 1)
     many = runs(f"w{world}", world)

@@ -41,3 +41,35 @@ def test_static_cache_refuses_overflow() -> None:
         model.prefill(torch.ones(1, 4, dtype=torch.long), cache)
         with pytest.raises(ValueError, match="capacity 4 cannot take 1 more after 4"):
             model.decode_step(torch.ones(1, dtype=torch.long), cache)
+
+
+def test_fused_kernels_match_eager() -> None:
+    """The engine's compiled norm/RoPE/gated-MLP kernels compute what the eager ones do."""
+    from hobson.models.common import fused_kernels
+
+    cfg = tiny_config("huginn_raven")
+    model = PROVIDERS["huginn_raven"].build_actor(cfg, seed=1)
+    ids = torch.randint(1, cfg.vocab_size, (2, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        eager = model(ids, seed=[1, 2])
+        with fused_kernels(True):
+            fused = model(ids, seed=[1, 2])
+    torch.testing.assert_close(fused, eager, rtol=0, atol=1e-5)
+
+
+def test_a_failed_compile_falls_back_to_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host whose toolchain cannot compile (e.g. no C compiler) still decodes, with a warning."""
+    from hobson.models import common
+
+    def no_toolchain(fn, **kw):
+        def compiled(*args):
+            raise RuntimeError("no C compiler")
+
+        return compiled
+
+    monkeypatch.setattr(common.torch, "compile", no_toolchain)
+    monkeypatch.setattr(common, "_COMPILED", {})
+    x, w = torch.randn(2, 3, 8), torch.rand(8)
+    with pytest.warns(UserWarning, match="torch.compile of rms_norm failed"), common.fused_kernels(True):
+        y = common.rms_norm(x, w, 1e-6)
+    assert torch.equal(y, common.rms_norm.__wrapped__(x, w, 1e-6))

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ class Embedding(nn.Embedding):
 # time. Inside ``fused_kernels()`` the norm, RoPE and gated-MLP chains run as torch.compile'd
 # kernels (one kernel per chain). Only the rollout engine turns it on, on CUDA; training and every
 # CPU path stay eager (the engine/trainer log-prob agreement bound covers the rounding).
+# HOBSON_FUSED_KERNELS=0 turns it off; a failed compile falls back to the eager kernels.
 
 _FUSED = {"on": False}
 
@@ -76,11 +78,18 @@ def fused(fn: Any) -> Any:
     """``fn``, or its compiled version inside :class:`fused_kernels` (compiled once, lazily)."""
 
     def call(*args: Any) -> Any:
-        if not _FUSED["on"]:
+        if not _FUSED["on"] or os.environ.get("HOBSON_FUSED_KERNELS", "1") == "0":
             return fn(*args)
         if fn not in _COMPILED:
             _COMPILED[fn] = torch.compile(fn, dynamic=False, fullgraph=True)
-        return _COMPILED[fn](*args)
+        try:
+            return _COMPILED[fn](*args)
+        except Exception as e:  # no compiler toolchain on this host, say: the eager kernels are right too
+            if _COMPILED[fn] is fn:
+                raise
+            warnings.warn(f"torch.compile of {fn.__name__} failed ({e!r}); using eager kernels", stacklevel=2)
+            _COMPILED[fn] = fn
+            return fn(*args)
 
     call.__wrapped__ = fn  # type: ignore[attr-defined]
     return call

@@ -10,9 +10,6 @@ stopped runs in the pytest process, both resumes in ONE fresh process, threads p
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,25 +26,9 @@ from hobson.rl.hf_provider import HFCausalLMProvider
 from hobson.rl.loop import build_batch
 from hobson.rl.objectives import token_logprobs
 from hobson.rl.verify_resume import compare_runs
-from jobs.rl import main
+from tests.rl.resume_runs import COMMON, full_stop_resume
 
-REPO = Path(__file__).resolve().parents[2]
-DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 PROVIDER = HFCausalLMProvider()
-COMMON = [
-    "--reward",
-    "test-token-value",
-    "--max-new-tokens",
-    "6",
-    "--prompts-per-update",
-    "2",
-    "--completions-per-prompt",
-    "2",
-    "--updates",
-    "3",
-    "--lr",
-    "0.1",
-]
 # PPO also runs with --recompute: HF activation checkpointing in actor and critic
 ALGORITHMS = {"grpo": [], "ppo": ["--recompute"]}
 
@@ -57,22 +38,7 @@ def _qwen3():
 
 
 def _llama():
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        vocab_size=256,
-        max_position_embeddings=256,
-        bos_token_id=1,
-        eos_token_id=0,
-        pad_token_id=0,
-        tie_word_embeddings=False,
-    )
+    return PROVIDER.tiny_config("llama")  # untied lm_head
 
 
 def _hf_dir(path: Path, cfg, seed: int = 3) -> Path:
@@ -93,34 +59,13 @@ def _args(alg: str, model: Path, out: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def runs(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("hf-rl-resume")
-    dist_before = {k: os.environ.get(k) for k in DIST_VARS}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        resumes = []
-        for alg in ALGORITHMS:
-            assert main(_args(alg, model_dir, root / f"{alg}-full")) == 0
-            part = _args(alg, model_dir, root / f"{alg}-part")
-            assert main([*part, "--stop-after", "2"]) == 0
-            resumes.append([*part, "--resume"])
-    finally:
-        torch.set_num_threads(threads)
-    script = (
-        "import json, sys, torch; torch.set_num_threads(1); from jobs.rl import main; "
-        "sys.exit(max(main(a) for a in json.loads(sys.argv[1])))"
-    )
-    assert {k: os.environ.get(k) for k in DIST_VARS} == dist_before
-    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
-    env.update(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "src")]), OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [sys.executable, "-c", script, json.dumps(resumes)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
+    full_stop_resume(
+        [
+            (_args(alg, model_dir, root / f"{alg}-full"), _args(alg, model_dir, root / f"{alg}-part"))
+            for alg in ALGORITHMS
+        ],
         timeout=600,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return root
 
 

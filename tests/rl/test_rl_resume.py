@@ -18,29 +18,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from hobson.rl.verify_resume import compare_runs
-from jobs.rl import main
+from tests.rl.resume_runs import COMMON, REPO, full_stop_resume
 
-REPO = Path(__file__).resolve().parents[2]
-DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 ALGORITHMS = ["ppo", "grpo", "dppo", "flow-dppo"]
 KINDS = ["huginn_raven", "nanbeige"]
-COMMON = [
-    "--reward",
-    "test-token-value",
-    "--max-new-tokens",
-    "6",
-    "--prompts-per-update",
-    "2",
-    "--completions-per-prompt",
-    "2",
-    "--updates",
-    "3",
-    "--lr",
-    "0.1",
-]
 
 
 def _args(alg: str, kind: str, out: Path) -> list[str]:
@@ -50,36 +33,14 @@ def _args(alg: str, kind: str, out: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("rl-resume")
-    dist_before = {k: os.environ.get(k) for k in DIST_VARS}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        resumes = []
-        for alg in ALGORITHMS:
-            for kind in KINDS:
-                assert main(_args(alg, kind, root / f"{alg}-{kind}-full")) == 0
-                part = _args(alg, kind, root / f"{alg}-{kind}-part")
-                assert main([*part, "--stop-after", "2"]) == 0
-                resumes.append([*part, "--resume"])
-    finally:
-        torch.set_num_threads(threads)
-    script = (
-        "import json, sys, torch; torch.set_num_threads(1); from jobs.rl import main; "
-        "sys.exit(max(main(a) for a in json.loads(sys.argv[1])))"
-    )
-    # the trainer removes the rendezvous variables it set; the child picks its own port
-    assert {k: os.environ.get(k) for k in DIST_VARS} == dist_before
-    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
-    env.update(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "src")]), OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [sys.executable, "-c", script, json.dumps(resumes)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
+    full_stop_resume(
+        [
+            (_args(alg, kind, root / f"{alg}-{kind}-full"), _args(alg, kind, root / f"{alg}-{kind}-part"))
+            for alg in ALGORITHMS
+            for kind in KINDS
+        ],
         timeout=900,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return root
 
 

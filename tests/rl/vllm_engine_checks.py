@@ -34,23 +34,8 @@ SEEDS = [11, 22, 33]
 
 
 def _llama(seed: int):
-    from transformers import LlamaConfig
-
-    cfg = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        vocab_size=256,
-        max_position_embeddings=256,
-        bos_token_id=1,
-        eos_token_id=0,
-        pad_token_id=0,
-        tie_word_embeddings=False,
-    )
-    return HFCausalLMProvider().build_actor(cfg, seed=seed)
+    provider = HFCausalLMProvider()
+    return provider.build_actor(provider.tiny_config("llama"), seed=seed)
 
 
 def _nanbeige_provider():

@@ -220,9 +220,10 @@ class HFCausalLMProvider(Provider):
             raise ConfigError(f"{where}: model_type {model_type!r} is not a causal LM that transformers knows")
         return CONFIG_MAPPING[model_type].from_dict(raw)
 
-    def tiny_config(self, **overrides: Any) -> Any:
-        """A tiny random Qwen3 (vocabulary 256, the byte tokenizer's; tied embedding) for CPU tests."""
-        from transformers import Qwen3Config
+    def tiny_config(self, arch: str = "qwen3", **overrides: Any) -> Any:
+        """A tiny random model config for CPU tests (vocabulary 256, the byte tokenizer's; head_dim 32,
+        the smallest vLLM's CPU attention takes): ``qwen3`` with a tied embedding, or ``llama`` untied."""
+        from transformers import LlamaConfig, Qwen3Config
 
         kw: dict[str, Any] = dict(
             hidden_size=64,
@@ -232,14 +233,17 @@ class HFCausalLMProvider(Provider):
             num_key_value_heads=1,
             head_dim=32,
             vocab_size=256,
-            max_position_embeddings=512,
-            tie_word_embeddings=True,
+            max_position_embeddings=512 if arch == "qwen3" else 256,
+            tie_word_embeddings=arch == "qwen3",
             bos_token_id=1,
             eos_token_id=0,
             pad_token_id=0,
         )
         kw.update(overrides)
-        return Qwen3Config(**kw)
+        classes = {"qwen3": Qwen3Config, "llama": LlamaConfig}
+        if arch not in classes:
+            raise ConfigError(f"tiny_config: arch {arch!r} is not one of {sorted(classes)}")
+        return classes[arch](**kw)
 
     # ---------------------------------------------------------------- build
     def _from_config(self, cfg: Any, dtype: torch.dtype, device: str | torch.device, seed: int) -> nn.Module:

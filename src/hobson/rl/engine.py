@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from hobson.errors import ConfigError
-from hobson.models.common import DTYPE_NAMES, KVCache, fused_kernels
+from hobson.models.common import DTYPE_NAMES, StaticKVCache, fused_kernels
 from hobson.models.huginn import LATENT_PROFILE, HuginnConfig, initial_state
 from hobson.rl import publication
 from hobson.rl.objectives import token_logprobs
@@ -238,7 +238,7 @@ class NativeEngine:
         pos = (torch.arange(P)[None, :] - (P - lens)[:, None]).clamp(min=0)
         kw = forward_kwargs(model, seeds)
         cache = self._new_cache(model, B, P + max_new)
-        static = not isinstance(cache, KVCache)
+        static = isinstance(cache, StaticKVCache)  # only its indices live on the device (graph-safe)
         logits = model.prefill(ids.to(dev), cache, attention_mask=attn.to(dev), position_ids=pos.to(dev), **kw)[:, -1]
 
         gens = [torch.Generator(device=dev).manual_seed(int(s)) for s in seeds]
@@ -279,10 +279,9 @@ class NativeEngine:
 
     @staticmethod
     def _new_cache(model: nn.Module, batch: int, capacity: int) -> Any:
-        try:
+        if "capacity" in inspect.signature(model.new_cache).parameters:
             return model.new_cache(batch=batch, capacity=capacity)
-        except TypeError:  # a model with only a growing cache
-            return model.new_cache()
+        return model.new_cache()  # a model with only a growing cache (plain HF models)
 
     @staticmethod
     def _capture(

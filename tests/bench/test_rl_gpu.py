@@ -1,0 +1,30 @@
+"""bench/rl_gpu.py keeps working: its rollout and publication parts at tiny size on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_rollout_and_publish_parts_tiny_on_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "rl_gpu.json"
+    cmd = [sys.executable, "bench/rl_gpu.py", "--kind", "huginn_raven", "--size", "tiny", "--device", "cpu",
+           "--engine-device", "cpu", "--parts", "rollout,publish", "--batch", "2", "--prompt-tokens", "8",
+           "--new-tokens", "4", "--work", str(tmp_path / "work"), "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "src")])}
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert "rollout_error" not in res and "publish_error" not in res, res
+    engines = res["rollout"]["engines"]
+    assert set(engines) == {"native engine (CUDA graphs)", "native engine (eager)", "plain HF-style generate"}
+    assert all(e["tokens_per_s"] > 0 and e["decode_ms_per_step"] > 0 for e in engines.values())
+    assert res["rollout"]["vs_reference"]["floor_ms"] == 22.0
+    pub = res["publish"]
+    assert pub["bytes"] > 0 and pub["publish_s"] > 0 and pub["load_s"] > 0 and pub["raw_copy_s"] > 0
+    assert "| publish (export, digest, manifest, fsync, rename) |" in r.stdout

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
+from hobson.errors import DigestMismatch
 from hobson.models import PROVIDERS, tiny_config
 from hobson.rl import checkpoint as ckpt
 from hobson.rl import publication
@@ -26,6 +28,15 @@ def test_prune_publications_keeps_manifests(tmp_path: Path) -> None:
         assert publication.Manifest.read(d).digest == man.digest  # the record of every version stays
         assert any(p.suffix == ".safetensors" for p in d.iterdir()) == (v == 2)
     publication.verify(publication.version_dir(root, 2))
+    # a run stopped after pruning v1 resumes from the v1 checkpoint: republishing v1 writes its weights
+    # again under the recorded manifest, and a different tensor is still refused
+    again = publication.publish(provider, actor, root, 1, model_revision="r", engine_revision="e", dtype=torch.float32)
+    assert again == mans[1]
+    assert publication.verify(publication.version_dir(root, 1))[1] == mans[1].digest
+    other = provider.build_actor(tiny_config("nanbeige"), seed=1)
+    publication.prune(root, 1)
+    with pytest.raises(DigestMismatch, match="version 1 exists with digest"):
+        publication.publish(provider, other, root, 1, model_revision="r", engine_revision="e", dtype=torch.float32)
 
 
 def test_prune_checkpoints_keeps_the_newest(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,15 +166,29 @@ def publish(
                     f"{final}: version {version} exists with digest {old.digest}; the weights now give {digest} "
                     "(a resumed run must republish exactly what it checkpointed)"
                 )
+            if (final / INDEX_FILE).exists():
+                return old
+            # its weights were pruned (keep_publications) before the run stopped: write them again,
+            # under the recorded manifest, so the engine can load the version the resume restores
+            write_json_atomic(tmp / MANIFEST, old.to_dict())
+            _fsync_dir_files(tmp)
+            pruned = final.with_name(f".{final.name}.pruned")
+            os.replace(final, pruned)
+            os.replace(tmp, final)
+            shutil.rmtree(pruned)
             return old
         if existing and version != existing[-1] + 1:
             raise PublicationError(f"{root}: version {version} does not follow the latest, v{existing[-1]:06d}")
         write_json_atomic(tmp / MANIFEST, manifest.to_dict())
-        for p in tmp.iterdir():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
+        _fsync_dir_files(tmp)
         os.replace(tmp, final)
     return manifest
+
+
+def _fsync_dir_files(d: Path) -> None:
+    for p in d.iterdir():
+        with open(p, "rb") as f:
+            os.fsync(f.fileno())
 
 
 def verify(pub_dir: str | os.PathLike) -> tuple[Manifest, str]:

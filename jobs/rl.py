@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import signal
 import sys
 from typing import Any
 
@@ -107,6 +108,16 @@ def settings(argv: list[str] | None) -> Any:
     return config_from_dict({**base, **args}, RLConfig, origin=path or "<flags>")
 
 
+def exit_on_sigterm() -> None:
+    """Make SIGTERM an exit (code 143) instead of a death on the spot.
+
+    Slurm stops a step with SIGTERM (scancel, the time limit, the other het component failing);
+    Python's default handler leaves a half-written publication or checkpoint behind, an exit
+    removes the temporary directories on the way out.
+    """
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         from hobson.rl.loop import run
@@ -119,4 +130,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     sys.exit(main())

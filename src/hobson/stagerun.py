@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -50,6 +52,16 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 PREEMPTED = 75  # a training stage checkpointed after SIGUSR2 and wants its job requeued
 
 
+class _Terminated(BaseException):
+    """SIGTERM (scancel, a time limit) as an exception: the stage's temporary files are removed on
+    the way out and the record says what happened. A BaseException, so a stage's ``except
+    Exception`` cannot swallow it."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
 def _children(pid: int) -> list[int]:
     """Direct children of ``pid``, from /proc (no psutil on compute nodes)."""
     out = []
@@ -70,7 +82,6 @@ def _run_torchrun(argv: list[str], nproc: int) -> int:
     On Slurm the rendezvous is c10d on the first host of the allocation (``HOBSON_RDZV``); alone,
     ``--standalone``. Every node's agent runs the same command.
     """
-    import signal
     import subprocess
 
     i = argv.index("--torchrun")
@@ -149,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[hobson] stage {args.stage}" + (f" shard {shard} (task {task})" if shard is not None else "")
           + f" on {os.environ.get('SLURMD_NODENAME') or socket.gethostname()} at {start}", flush=True)
     error = None
+    # (signal handlers can only be set from the main thread; a stage run from another keeps Python's)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         _injected_fault(args.stage, shard)
         # A dotted name is a module path (tests run their own small jobs); else jobs.<job>.
@@ -161,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e.code}", file=sys.stderr)
     except KeyboardInterrupt:
         code, error = 130, "interrupted"
+    except _Terminated:
+        code, error = 128 + signal.SIGTERM, "terminated by SIGTERM"
+        print("[hobson] SIGTERM: stage stopped", file=sys.stderr, flush=True)
     except Exception as e:  # the record must say why; the traceback goes to the log
         from hobson.errors import HobsonError
 
@@ -169,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
         else:
             traceback.print_exc()
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     wall = time.monotonic() - t0
     if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 hashes outputs and records the stage
         return code

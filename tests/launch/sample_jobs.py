@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 
-from hobson.io import write_json_atomic
+from hobson.io import atomic_write, write_json_atomic
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,7 +17,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard", type=int, default=None)
     p.add_argument("--fail-shard", type=int, default=None)
     p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--terminated-while-writing", action="store_true",
+                   help="SIGTERM this process halfway through writing --out (as scancel would)")
     a = p.parse_args(argv)
+    if a.terminated_while_writing:
+        with atomic_write(a.out) as f:
+            f.write('{"half": ')
+            f.flush()
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(60)  # the handler raises before this ends
     time.sleep(a.sleep)
     if a.shard is not None and a.shard == a.fail_shard and not os.path.exists(a.out + ".allow"):
         print(f"injected failure in shard {a.shard}", file=sys.stderr)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,3 +50,54 @@ def test_prune_checkpoints_keeps_the_newest(tmp_path: Path) -> None:
     assert ckpt.prune_checkpoints(tmp_path, 2) == [1]
     assert ckpt.list_checkpoints(tmp_path) == [2, 3]
     assert ckpt.load_checkpoint(ckpt.checkpoint_dir(tmp_path, 3))["data_cursor"] == 3
+
+
+def test_resume_removes_what_a_killed_process_left_behind(tmp_path: Path) -> None:
+    from jobs.rl import main
+
+    out = tmp_path / "run"
+    args = ["--output", str(out), "--updates", "2", "--max-new-tokens", "4", "--prompts-per-update", "2",
+            "--completions-per-prompt", "2", "--trainer", "torch"]
+    assert main([*args, "--stop-after", "1"]) == 0
+    # what SIGKILL leaves: a publication and a checkpoint half-written to their hidden siblings
+    (out / "publications" / ".v000002.x1y2z3" / "pub").mkdir(parents=True)
+    (out / "publications" / ".v000002.x1y2z3" / "pub" / "model.safetensors").write_bytes(b"half")
+    (out / "checkpoints" / ".update-000002.a1b2c3").mkdir()
+    assert main([*args, "--resume"]) == 0
+    assert [str(p.relative_to(out)) for p in out.rglob(".*")] == []
+    events = json.loads((out / "run.json").read_text())["rl"]["sessions"][-1]["events"]
+    removed = [e["paths"] for e in events if e["event"] == "removed_stale_temporaries"]
+    assert removed == [["publications/.v000002.x1y2z3", "checkpoints/.update-000002.a1b2c3"]]
+    assert ckpt.list_checkpoints(out) == [1, 2]
+
+
+SIGTERM_IN_PUBLISH = """
+import os, signal, sys
+import torch
+from jobs.rl import exit_on_sigterm
+from hobson.models import PROVIDERS, tiny_config
+from hobson.rl import publication
+
+exit_on_sigterm()
+provider = PROVIDERS["huginn_raven"]
+actor = provider.build_actor(tiny_config("huginn_raven"), seed=0)
+export = provider.export
+
+def export_then_terminated(module, path, **kw):
+    export(module, path, **kw)  # the weights are on disk in the temporary directory ...
+    assert any(path.iterdir())
+    os.kill(os.getpid(), signal.SIGTERM)  # ... when Slurm stops the step
+
+provider.export = export_then_terminated
+publication.publish(provider, actor, sys.argv[1], 0, model_revision="r", engine_revision="e", dtype=torch.float32)
+print("not reached")
+"""
+
+
+def test_sigterm_while_publishing_leaves_no_temporary_directory(tmp_path: Path) -> None:
+    root = tmp_path / "pubs"
+    proc = subprocess.run([sys.executable, "-c", SIGTERM_IN_PUBLISH, str(root)], capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 143, proc.stderr
+    assert "not reached" not in proc.stdout
+    assert root.is_dir() and list(root.iterdir()) == []

@@ -26,6 +26,7 @@ its first rollout, restores the RNG states, and continues.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
 import time
@@ -375,6 +376,22 @@ class RunRecord:
         write_json_atomic(self.path, self.meta)
 
 
+def remove_stale_temporaries(out: Path) -> list[str]:
+    """Remove the temporary publication and checkpoint directories a killed process left behind.
+
+    A publication or checkpoint is written to a hidden sibling and renamed into place; a process
+    killed with SIGKILL (or by the node going away) cannot remove its sibling. Only one trainer
+    writes a run at a time, so at start every hidden entry there is such a leftover.
+    """
+    gone = []
+    for sub in ("publications", "checkpoints"):
+        d = out / sub
+        for p in sorted(d.glob(".*")) if d.is_dir() else []:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+            gone.append(str(p.relative_to(out)))
+    return gone
+
+
 def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
     """Run (or resume) the RL job ``cfg``; returns this process's session record."""
     argv = list(sys.argv if argv is None else argv)
@@ -434,6 +451,9 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
     engine = make_engine(cfg, provider, tok, model_rev, engine_rev)  # refuses what it cannot serve
     record.start(cfg, argv, extra)
     session = record.session
+    stale = remove_stale_temporaries(out)
+    if stale:
+        record.event("removed_stale_temporaries", paths=stale)
 
     n_seq = cfg.prompts_per_update * cfg.completions_per_prompt
     trainer_args = dict(

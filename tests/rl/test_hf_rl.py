@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from hobson.errors import ConfigError
 from hobson.io import sha256_file
 from hobson.models import CheckpointError, get_provider
+from hobson.rl import checkpoint as ckpt
 from hobson.rl import publication
 from hobson.rl.engine import NativeEngine, request_seed
 from hobson.rl.hf_provider import HFCausalLMProvider
@@ -106,7 +107,10 @@ def test_hf_resume_is_bit_exact(runs: Path, model_dir: Path, alg: str) -> None:
     # publications and checkpoints keep the HF names; the tied head is published as a copy, the
     # critic (torso + value_head, no LM head) never
     ckpt3 = full / "checkpoints" / "update-000003"
-    actor_names = _names(ckpt3 / "actor.safetensors")
+    state3 = ckpt.load_checkpoint(ckpt3)
+    # the publication holds the actor's exact state dict: the checkpoint reads its actor from it
+    assert state3["actor_publication"] == "publications/v000003" and not (ckpt3 / "actor.safetensors").exists()
+    actor_names = sorted(state3["actor"])
     assert _names(full / "publications" / "v000003" / "model.safetensors") == actor_names
     assert "lm_head.weight" in actor_names and "model.embed_tokens.weight" in actor_names
     pub = load_file(str(full / "publications" / "v000003" / "model.safetensors"))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hobson.errors import DigestMismatch
+from hobson.errors import DigestMismatch, StageError
 from hobson.models import PROVIDERS, tiny_config
 from hobson.rl import checkpoint as ckpt
 from hobson.rl import publication
@@ -101,3 +101,34 @@ def test_sigterm_while_publishing_leaves_no_temporary_directory(tmp_path: Path) 
     assert proc.returncode == 143, proc.stderr
     assert "not reached" not in proc.stdout
     assert root.is_dir() and list(root.iterdir()) == []
+
+
+def test_checkpoints_read_the_actor_from_their_publication_which_pruning_keeps(tmp_path: Path) -> None:
+    from jobs.rl import main
+
+    out = tmp_path / "run"
+    args = ["--output", str(out), "--updates", "3", "--max-new-tokens", "4", "--prompts-per-update", "2",
+            "--completions-per-prompt", "2", "--trainer", "torch", "--keep-publications", "1",
+            "--keep-checkpoints", "2"]
+    assert main([*args, "--stop-after", "2"]) == 0
+    assert json.loads((out / "run.json").read_text())["rl"]["sessions"][-1]["checkpoint_actor"] == "publication"
+    for update in (1, 2):
+        d = ckpt.checkpoint_dir(out, update)
+        assert not (d / "actor.safetensors").exists()
+        state = ckpt.load_checkpoint(d)  # reads v{update}, digest-checked
+        assert state["actor_publication"] == f"publications/v{update:06d}"
+    # keep_publications 1 would leave only v2's weights; v1's stay while checkpoint 1 reads them
+    has_weights = [any(p.suffix == ".safetensors" for p in publication.version_dir(out / "publications", v).iterdir())
+                   for v in range(3)]
+    assert has_weights == [False, True, True]
+    assert main([*args, "--resume"]) == 0
+    assert ckpt.list_checkpoints(out) == [2, 3]
+    has_weights = [any(p.suffix == ".safetensors" for p in publication.version_dir(out / "publications", v).iterdir())
+                   for v in range(4)]
+    assert has_weights == [False, False, True, True]
+    # a checkpoint whose publication lost its weights says so
+    for p in publication.version_dir(out / "publications", 2).iterdir():
+        if p.name not in ("manifest.json", "config.json"):  # what pruning removes
+            p.unlink()
+    with pytest.raises(StageError, match="publication .*v000002, whose weights are missing"):
+        ckpt.load_checkpoint(ckpt.checkpoint_dir(out, 2))

@@ -71,7 +71,7 @@ class RLConfig:
     engine_ready_timeout: float = 600.0  # seconds to wait for the remote engine's address file + ping
     # disk: official-size checkpoints are tens of GB (fp16 keeps fp32 master weights); 0 keeps all
     keep_checkpoints: int = 0  # the newest N checkpoints stay, older ones are removed once a newer is whole
-    keep_publications: int = 0  # weights of all but the newest N versions are removed (manifests stay)
+    keep_publications: int = 0  # weights kept: the newest N versions and checkpointed ones (0: all); manifests stay
 
     def __post_init__(self) -> None:
         problems = []

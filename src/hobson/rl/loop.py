@@ -473,6 +473,7 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
     reward_fn = get_reward(cfg.reward)
 
     pub_secs: dict[str, float] = {}
+    actor_in_publication = False  # decided after the first publication, below
 
     def publish(version: int) -> publication.Manifest:
         t0 = _now()
@@ -482,8 +483,10 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
         t1 = _now()
         engine.load_publication(publication.version_dir(pubs, version))
         t2 = _now()
-        # only once the engine serves the new version may older weights go
-        publication.prune(pubs, cfg.keep_publications)
+        # only once the engine serves the new version may older weights go; not those a
+        # checkpoint reads its actor from
+        protect = set(ckpt.list_checkpoints(out)) if actor_in_publication else set()
+        publication.prune(pubs, cfg.keep_publications, protect)
         pub_secs.update(publish_write=t1 - t0, engine_load=t2 - t1)
         record.event("publish", version=version, digest=man.digest, seconds=round(t2 - t0, 4))
         return man
@@ -507,7 +510,13 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
         cursor = 0
         ckpt.seed_everything(cfg.seed)
     version = start
-    publish(version)  # a resumed run republishes its restored weights before the first rollout
+    man = publish(version)  # a resumed run republishes its restored weights before the first rollout
+    # does a publication hold exactly the actor's state dict? then checkpoints need not write the
+    # actor again (see hobson.rl.checkpoint); one hash of the weights per session decides
+    own = {k: v.detach() for k, v in actor.module.state_dict().items()}
+    actor_in_publication = publication.tensors_digest(own) == man.digest
+    del own
+    session["checkpoint_actor"] = "publication" if actor_in_publication else "own file"
     if rng_after_publish is not None:
         ckpt.set_rng_state(rng_after_publish)
 
@@ -589,7 +598,14 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
             if critic is not None:
                 trainer_state["critic_trainer"] = critic.state_dict()
             path = ckpt.save_checkpoint(
-                out, update, actor=actor.module, critic=critic.module if critic else None, state=trainer_state
+                out,
+                update,
+                actor=actor.module,
+                critic=critic.module if critic else None,
+                state=trainer_state,
+                actor_publication=str(publication.version_dir(pubs, version).relative_to(out))
+                if actor_in_publication
+                else None,
             )
             ckpt.prune_checkpoints(out, cfg.keep_checkpoints)
             secs["checkpoint"] = _now() - t0

@@ -217,8 +217,9 @@ def read_verified(pub_dir: str | os.PathLike) -> tuple[Manifest, str, dict[str, 
     return manifest, digest, tensors
 
 
-def prune(root: str | os.PathLike, keep: int) -> list[int]:
-    """Remove the weights of all but the newest ``keep`` versions (0: keep all); returns those pruned.
+def prune(root: str | os.PathLike, keep: int, protect: frozenset[int] | set[int] = frozenset()) -> list[int]:
+    """Remove the weights of all but the newest ``keep`` versions (0: keep all) and those in
+    ``protect`` (versions a checkpoint reads its actor from); returns those pruned.
 
     ``manifest.json`` and ``config.json`` stay, so the run's record of every version and digest
     survives (``verify-resume`` compares manifests).
@@ -229,6 +230,8 @@ def prune(root: str | os.PathLike, keep: int) -> list[int]:
     versions = sorted(int(p.name[1:]) for p in root.glob("v[0-9]*") if p.is_dir() and p.name[1:].isdigit())
     pruned = []
     for v in versions[:-keep]:
+        if v in protect:
+            continue
         d = version_dir(root, v)
         weights = [p for p in d.iterdir() if p.name not in (MANIFEST, "config.json")]
         for p in weights:

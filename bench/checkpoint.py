@@ -1,0 +1,102 @@
+"""RL checkpoint write: what ``hobson.rl.checkpoint.save_checkpoint`` writes now against the plain
+way (the actor to its own safetensors file, the trainer state through a default ``torch.save``,
+which computes a CRC-32 of every record), and against a raw copy of the same bytes.
+
+    python bench/checkpoint.py [--kind nanbeige|huginn_raven] [--size small|tiny] [--repeat 3] [--dir D]
+
+The trainer state is an Adam optimizer's (two fp32 tensors per parameter, like DeepSpeed's fp32
+masters and moments), so the state is about twice the actor. "now" writes no actor file: the
+actor's bytes are the publication of the same version, which the RL loop writes anyway. Every
+write is fsynced. Each figure is the best of ``--repeat`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+from publish import SIZES  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+
+from hobson.models import get_provider, tiny_config  # noqa: E402
+from hobson.rl import checkpoint as ckpt  # noqa: E402
+
+
+def fsync_tree(d: str) -> None:
+    for f in os.listdir(d):
+        with open(os.path.join(d, f), "rb") as fh:
+            os.fsync(fh.fileno())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kind", default="nanbeige", choices=["nanbeige", "huginn_raven"])
+    p.add_argument("--size", default="small", choices=sorted(SIZES))
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
+    args = p.parse_args()
+    cfg = tiny_config(args.kind, **SIZES[args.size][args.kind])
+    actor = get_provider(cfg).build_actor(cfg, seed=0)
+    opt = torch.optim.Adam(actor.parameters(), lr=1e-4)
+    for q in actor.parameters():
+        q.grad = torch.ones_like(q)
+    opt.step()
+    state = {"actor_trainer": opt.state_dict(), "data_cursor": 0, "version": 1, "digest": "bench"}
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+
+        def plain(d: str) -> None:
+            os.makedirs(d)
+            save_file(ckpt.module_tensors(actor), os.path.join(d, "actor.safetensors"))
+            torch.save({**state, "rng": ckpt.rng_state()}, os.path.join(d, "state.pt"))
+            fsync_tree(d)
+
+        def now(d: str) -> None:
+            ckpt.save_checkpoint(d, 1, actor=actor, critic=None, state=state,
+                                 actor_publication="publications/v000001")
+
+        def copy(d: str) -> None:
+            os.makedirs(d)
+            for f in os.listdir(src):
+                shutil.copyfile(os.path.join(src, f), os.path.join(d, f))
+            fsync_tree(d)
+
+        def timed(fn, keep: bool = False) -> tuple[float, int]:
+            """Best seconds of ``--repeat`` writes, and the bytes written; each output is removed
+            (untimed) before the next, so the page cache and disk see one copy at a time."""
+            times, nbytes = [], 0
+            for i in range(args.repeat):
+                d = os.path.join(tmp, f"{fn.__name__}-{i}")
+                t0 = time.perf_counter()
+                fn(d)
+                times.append(time.perf_counter() - t0)
+                nbytes = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(d) for f in fs)
+                if not (keep and i == args.repeat - 1):
+                    shutil.rmtree(d)
+            return min(times), nbytes
+
+        torch.serialization.set_crc32_options(True)  # torch's default, for the plain way
+        t_plain, plain_bytes = timed(plain, keep=True)
+        src = os.path.join(tmp, f"plain-{args.repeat - 1}")
+        t_now, now_bytes = timed(now)
+        t_copy, _ = timed(copy)
+    print(f"{args.kind} ({args.size}): {sum(t.numel() for t in actor.parameters()):,} parameters, "
+          f"Adam state, best of {args.repeat}")
+    print(f"{'write':<44}{'MB':>9}{'seconds':>10}{'GB/s':>8}{'x plain':>9}")
+    for name, t, b in (
+        ("plain: actor file + torch.save (CRC-32)", t_plain, plain_bytes),
+        ("now: actor in publication, no CRC-32", t_now, now_bytes),
+        ("raw copy + fsync of the plain bytes", t_copy, plain_bytes),
+    ):
+        print(f"{name:<44}{b / 1e6:>9.1f}{t:>10.3f}{b / 1e9 / t:>8.3f}{t_plain / t:>9.2f}")
+
+
+if __name__ == "__main__":
+    main()

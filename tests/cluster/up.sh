@@ -165,6 +165,10 @@ ReturnToService=2
 SchedulerType=sched/backfill
 # het jobs are started only by the backfill scheduler; its default 30 s interval means 30 s waits
 SchedulerParameters=bf_interval=1
+# ... and it runs only after a job, node or partition changed. A requeued job becomes eligible
+# cred_expire + 1 s after its requeue, often once the cluster has gone quiet, and then waited for
+# the next node ping (every SlurmdTimeout/3, 100 s by default): 138-167 s in the RL requeue test
+SlurmdTimeout=30
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU_Memory
 DefMemPerCPU=1024

@@ -68,8 +68,8 @@ HELP: dict[str, str] = {
     "publish_timeout": "seconds a remote engine may take to load and commit one publication (default 600)",
     "engine_ready_timeout": "seconds to wait for the remote engine's address file and readiness (default 600)",
     "keep_checkpoints": "keep only the newest N checkpoints (0: all); an older one goes once a newer is written",
-    "keep_publications": "keep the weights of only the newest N publications (0: all) and of those a kept "
-    "checkpoint reads its actor from; manifests always stay",
+    "keep_publications": "keep the weights of only the newest N publications (0: all) and of the kept "
+    "checkpoints' versions (a checkpoint reads its actor from them); manifests always stay",
 }
 
 

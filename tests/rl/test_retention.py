@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -121,8 +122,15 @@ def test_checkpoints_read_the_actor_from_their_publication_which_pruning_keeps(t
     has_weights = [any(p.suffix == ".safetensors" for p in publication.version_dir(out / "publications", v).iterdir())
                    for v in range(3)]
     assert has_weights == [False, True, True]
+    # the run also published v3 and was killed before checkpoint 3 (v3 from an uninterrupted run:
+    # the resume reproduces its bytes): the resume starts from checkpoint 2 and its first
+    # publication, v2 again, must not prune v2 although v3 is the newest
+    full = tmp_path / "full"
+    assert main([*[a if a != str(out) else str(full) for a in args]]) == 0
+    shutil.copytree(publication.version_dir(full / "publications", 3), publication.version_dir(out / "publications", 3))
     assert main([*args, "--resume"]) == 0
     assert ckpt.list_checkpoints(out) == [2, 3]
+    assert ckpt.load_checkpoint(ckpt.checkpoint_dir(out, 2))["actor_publication"] == "publications/v000002"
     has_weights = [any(p.suffix == ".safetensors" for p in publication.version_dir(out / "publications", v).iterdir())
                    for v in range(4)]
     assert has_weights == [False, False, True, True]

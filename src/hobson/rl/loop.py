@@ -473,7 +473,13 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
     reward_fn = get_reward(cfg.reward)
 
     pub_secs: dict[str, float] = {}
-    actor_in_publication = False  # decided after the first publication, below
+
+    def prune_publications() -> None:
+        # never the weights of a version a kept checkpoint may read its actor from (version k is
+        # checkpoint k's), whatever this session decides below: a resume's first publication
+        # prunes before that, and a run that published v(n+1) but stopped before checkpoint n+1
+        # resumes from checkpoint n
+        publication.prune(pubs, cfg.keep_publications, set(ckpt.list_checkpoints(out)))
 
     def publish(version: int) -> publication.Manifest:
         t0 = _now()
@@ -483,10 +489,7 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
         t1 = _now()
         engine.load_publication(publication.version_dir(pubs, version))
         t2 = _now()
-        # only once the engine serves the new version may older weights go; not those a
-        # checkpoint reads its actor from
-        protect = set(ckpt.list_checkpoints(out)) if actor_in_publication else set()
-        publication.prune(pubs, cfg.keep_publications, protect)
+        prune_publications()  # only once the engine serves the new version may older weights go
         pub_secs.update(publish_write=t1 - t0, engine_load=t2 - t1)
         record.event("publish", version=version, digest=man.digest, seconds=round(t2 - t0, 4))
         return man
@@ -607,7 +610,8 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
                 if actor_in_publication
                 else None,
             )
-            ckpt.prune_checkpoints(out, cfg.keep_checkpoints)
+            if ckpt.prune_checkpoints(out, cfg.keep_checkpoints):
+                prune_publications()  # the versions only those checkpoints read
             secs["checkpoint"] = _now() - t0
             record.event("checkpoint", update=update, path=str(path.relative_to(out)))
             session["updates_run"].append(update)

@@ -219,7 +219,7 @@ def read_verified(pub_dir: str | os.PathLike) -> tuple[Manifest, str, dict[str, 
 
 def prune(root: str | os.PathLike, keep: int, protect: frozenset[int] | set[int] = frozenset()) -> list[int]:
     """Remove the weights of all but the newest ``keep`` versions (0: keep all) and those in
-    ``protect`` (versions a checkpoint reads its actor from); returns those pruned.
+    ``protect`` (versions a checkpoint may read its actor from); returns those pruned.
 
     ``manifest.json`` and ``config.json`` stay, so the run's record of every version and digest
     survives (``verify-resume`` compares manifests).

@@ -12,7 +12,6 @@ write is fsynced. Each figure is the best of ``--repeat`` runs.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -23,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from publish import SIZES  # noqa: E402
+from publish import SIZES, parse_args  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 from hobson.models import get_provider, tiny_config  # noqa: E402
@@ -37,12 +36,7 @@ def fsync_tree(d: str) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kind", default="nanbeige", choices=["nanbeige", "huginn_raven"])
-    p.add_argument("--size", default="small", choices=sorted(SIZES))
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
-    args = p.parse_args()
+    args = parse_args(__doc__)
     cfg = tiny_config(args.kind, **SIZES[args.size][args.kind])
     actor = get_provider(cfg).build_actor(cfg, seed=0)
     opt = torch.optim.Adam(actor.parameters(), lr=1e-4)

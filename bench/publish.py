@@ -63,13 +63,18 @@ def best(fn, repeat: int) -> float:
     return min(times)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(doc: str) -> argparse.Namespace:
+    """The options of the disk benchmarks (this one and bench/checkpoint.py)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kind", default="nanbeige", choices=["nanbeige", "huginn_raven"])
     p.add_argument("--size", default="small", choices=sorted(SIZES))
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args(__doc__)
     cfg = tiny_config(args.kind, **SIZES[args.size][args.kind])
     provider = get_provider(cfg)
     actor = provider.build_actor(cfg, seed=0)

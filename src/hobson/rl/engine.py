@@ -23,6 +23,7 @@ Behaviour log-probs are ``log_softmax(logits / T)`` of the sampled token.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import os
@@ -200,7 +201,10 @@ class NativeEngine:
                 raise ValueError("every prompt needs at least one token")
             if max_new_tokens < 1:
                 raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-            with fused_kernels(self.device.type == "cuda" and self.cuda_graphs):
+            # the engine's GPU must be the current device: a CUDA graph records on the current
+            # device's stream, and the engine may sit on another GPU than the trainer (cuda:1)
+            on_gpu = torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+            with fused_kernels(self.device.type == "cuda" and self.cuda_graphs), on_gpu:
                 tokens, lps, n_valid = self._generate(model, prompts, seeds, temperature, max_new_tokens)
             return [
                 Completion(

@@ -336,6 +336,11 @@ def part_e2e(args, res: dict, model_dir: Path, t_start: float) -> None:
             log(f"{alg}: full run failed rc={entry['rc_full']}")
             continue
         entry["updates"] = [json.loads(line) for line in (a / "metrics.jsonl").read_text().splitlines()]
+        # "checkpoint" in the metrics is what the update waited; a background write's own seconds are events
+        events = json.loads((a / "run.json").read_text())["rl"]["sessions"][-1]["events"]
+        written = {e["update"]: e["seconds"] for e in events if e["event"] == "checkpoint_written"}
+        for u in entry["updates"]:
+            u["seconds"]["checkpoint_write"] = written.get(u["update"], float("nan"))
         resume = alg in args.resume_algorithms.split(",") and time.perf_counter() - t_start < args.deadline
         entry["run_dirs"] = [str(a), str(b)]
         if resume:
@@ -364,7 +369,8 @@ def _free_gb(path: Path) -> float:
 def print_e2e(args, alg: str, e: dict) -> None:
     print(f"\n### e2e: {args.kind} {alg}, train {args.device}, rollout {args.engine_device}, "
           f"{precision(args)}, full run {e['wall_full_s']} s\n")
-    keys = ["rollout", "reward", "recompute", "optimizer", "publish_write", "engine_load", "checkpoint"]
+    keys = ["rollout", "reward", "recompute", "optimizer", "publish_write", "engine_load", "checkpoint",
+            "checkpoint_write"]
     print("| update | " + " | ".join(keys) + " | rollout tok/s | peak GiB per GPU |")
     print("| ---: | " + " | ".join("---:" for _ in keys) + " | ---: | --- |")
     for u in e["updates"]:

@@ -70,6 +70,9 @@ HELP: dict[str, str] = {
     "keep_checkpoints": "keep only the newest N checkpoints (0: all); an older one goes once a newer is written",
     "keep_publications": "keep the weights of only the newest N publications (0: all) and of the kept "
     "checkpoints' versions (a checkpoint reads its actor from them); manifests always stay",
+    "checkpoint_in_line": "write each checkpoint before the next update starts (default: a copy is taken on the "
+    "training device and written in the background while the next update runs; without room for the copy, "
+    "a checkpoint is written in line anyway)",
 }
 
 
@@ -86,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
         flag = "--" + f.name.replace("_", "-")
         kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": HELP[f.name]}
         tp = str(f.type)
-        if f.name in ("resume", "recompute"):
+        if f.name in ("resume", "recompute", "checkpoint_in_line"):
             p.add_argument(flag, action="store_true", **kw)
         elif f.name == "train_env_vars":
             p.add_argument(flag, nargs="*", metavar="K=V", **kw)

@@ -20,7 +20,7 @@ PRECISIONS = {"fp32": "float32", "fp16": "float16"}
 # in-process one), so a run may resume against another server, or in-process
 RESUME_MAY_CHANGE = frozenset(
     {"stop_after", "resume", "engine_address_file", "engine_timeout", "publish_timeout", "engine_ready_timeout",
-     "keep_checkpoints", "keep_publications"}
+     "keep_checkpoints", "keep_publications", "checkpoint_in_line"}
 )
 TINY_PREFIX = "tiny:"
 
@@ -72,6 +72,9 @@ class RLConfig:
     # disk: official-size checkpoints are tens of GB (fp16 keeps fp32 master weights); 0 keeps all
     keep_checkpoints: int = 0  # the newest N checkpoints stay, older ones are removed once a newer is whole
     keep_publications: int = 0  # weights kept: the newest N versions and checkpointed ones (0: all); manifests stay
+    # write each checkpoint before the next update starts, instead of in a background thread from a
+    # copy taken on the training device (that copy needs as much free memory as the checkpoint holds)
+    checkpoint_in_line: bool = False
 
     def __post_init__(self) -> None:
         problems = []

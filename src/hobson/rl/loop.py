@@ -25,6 +25,7 @@ its first rollout, restores the RNG states, and continues.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -257,6 +258,11 @@ def _now() -> float:
     return time.perf_counter()
 
 
+def _empty_cache() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 def _reset_peaks() -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         for d in range(torch.cuda.device_count()):
@@ -473,13 +479,24 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
     reward_fn = get_reward(cfg.reward)
 
     pub_secs: dict[str, float] = {}
+    writer = None if cfg.checkpoint_in_line else ckpt.CheckpointWriter(out)
+
+    def checkpoint_written(done: tuple[int, Path, float] | None) -> None:
+        # a checkpoint is whole: older ones (and the versions only they read) may go
+        if done is not None:
+            record.event("checkpoint_written", update=done[0], path=str(done[1].relative_to(out)),
+                         seconds=round(done[2], 4))
+        if ckpt.prune_checkpoints(out, cfg.keep_checkpoints):
+            prune_publications()
 
     def prune_publications() -> None:
         # never the weights of a version a kept checkpoint may read its actor from (version k is
         # checkpoint k's), whatever this session decides below: a resume's first publication
         # prunes before that, and a run that published v(n+1) but stopped before checkpoint n+1
         # resumes from checkpoint n
-        publication.prune(pubs, cfg.keep_publications, set(ckpt.list_checkpoints(out)))
+        # (and the checkpoint being written in the background reads its version too)
+        pending = {writer.pending} if writer is not None and writer.pending is not None else set()
+        publication.prune(pubs, cfg.keep_publications, set(ckpt.list_checkpoints(out)) | pending)
 
     def publish(version: int) -> publication.Manifest:
         t0 = _now()
@@ -600,9 +617,7 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
             }
             if critic is not None:
                 trainer_state["critic_trainer"] = critic.state_dict()
-            path = ckpt.save_checkpoint(
-                out,
-                update,
+            ckpt_args: dict[str, Any] = dict(
                 actor=actor.module,
                 critic=critic.module if critic else None,
                 state=trainer_state,
@@ -610,10 +625,22 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
                 if actor_in_publication
                 else None,
             )
-            if ckpt.prune_checkpoints(out, cfg.keep_checkpoints):
-                prune_publications()  # the versions only those checkpoints read
+            background = False
+            if writer is not None:
+                checkpoint_written(writer.wait())  # one copy at a time
+                secs["checkpoint_wait"] = _now() - t0
+                try:
+                    writer.submit(update, ckpt.capture(update, **ckpt_args))
+                    background = True
+                except torch.OutOfMemoryError:  # no room for the copy beside training: write it now
+                    _empty_cache()
+                    record.event("checkpoint_in_line", update=update, reason="out of memory for the copy")
+            if not background:
+                ckpt.save_checkpoint(out, update, **ckpt_args)
+                checkpoint_written(None)
             secs["checkpoint"] = _now() - t0
-            record.event("checkpoint", update=update, path=str(path.relative_to(out)))
+            path = ckpt.checkpoint_dir(out, update)
+            record.event("checkpoint", update=update, path=str(path.relative_to(out)), background=background)
             session["updates_run"].append(update)
             row_m = {
                 "update": update,
@@ -637,10 +664,19 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
                 ),
                 flush=True,
             )
+        if writer is not None:
+            checkpoint_written(writer.wait())  # the run is done once its last checkpoint is whole
         metrics.plot()
         session["finished_utc"] = utc_now()
         session["stopped_after"] = cfg.stop_after if cfg.stop_after and cfg.stop_after < cfg.updates else None
         record.save()
+    except BaseException:
+        # a failed or terminated run still finishes the checkpoint in flight (a whole checkpoint is
+        # worth keeping, and a resume starts from it); a failure there must not hide this one
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.wait()
+        raise
     finally:
         engine.close()
     return session

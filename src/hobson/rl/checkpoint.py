@@ -144,12 +144,27 @@ def capture(
     full = {**state, "update": update, "rng": rng_state()}
     if actor_publication is not None:
         full["actor_publication"] = actor_publication
-    return Snapshot(
+    snap = Snapshot(
         actor=None if actor_publication is not None else _weights(actor, clone=True),
         critic=_weights(critic, clone=True) if critic is not None else None,
         state=_copy_tree(full),
         owned=True,
     )
+    # the clones are queued on this thread's stream; the writer thread copies them to the host on
+    # its own, so they must be done first
+    for device in _cuda_devices([snap.actor, snap.critic, snap.state]):
+        torch.cuda.synchronize(device)
+    return snap
+
+
+def _cuda_devices(obj: Any) -> set[torch.device]:
+    if isinstance(obj, torch.Tensor):
+        return {obj.device} if obj.is_cuda else set()
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        return set().union(*(_cuda_devices(v) for v in obj)) if obj else set()
+    return set()
 
 
 def write(output: str | os.PathLike, update: int, snap: Snapshot) -> Path:

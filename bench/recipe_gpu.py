@@ -829,8 +829,10 @@ def bench_ddp(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
         ("worst per-step relative gradient difference (bound 1e-5 CPU test, 1e-4 GPU test)",
          f"{cmp['worst_grad_rel_diff']:.3e} ({'within' if fig['grads_within_cpu_test_bound'] else 'OVER'} 1e-5)"),
         ("adapter/head after the steps: max abs diff", f"{cmp['worst_param_abs_diff']:.3e}"),
-        ("adapter/head after the steps: worst relative norm diff",
-         f"{cmp['worst_param_rel_diff']:.3e} ({'within' if fig['params_within_cpu_test_bound'] else 'OVER'} 1e-5)"),
+        # the tests bound gradients (the DDP claim); AdamW then scales every element by its own
+        # gradient history, so parameters may drift further apart than the gradients did
+        ("adapter/head after the steps: worst relative norm diff (no test bound)",
+         f"{cmp['worst_param_rel_diff']:.3e}"),
         ("rendered tokens equal every step", cmp["rendering_equal"]),
         ("peak memory allocated GiB: one process", one_mem.get("peak_alloc_gib", "n/a (CPU)")),
         ("peak memory allocated GiB per rank", mem),

@@ -128,6 +128,25 @@ def _weights(module: nn.Module, clone: bool) -> dict[str, torch.Tensor]:
     return {k: (v.detach().clone() if clone else v.detach()) for k, v in module.state_dict().items()}
 
 
+def _snapshot(
+    update: int,
+    actor: nn.Module,
+    critic: nn.Module | None,
+    state: dict[str, Any],
+    actor_publication: str | None,
+    owned: bool,
+) -> Snapshot:
+    full = {**state, "update": update, "rng": rng_state()}
+    if actor_publication is not None:
+        full["actor_publication"] = actor_publication
+    return Snapshot(
+        actor=None if actor_publication is not None else _weights(actor, clone=owned),
+        critic=_weights(critic, clone=owned) if critic is not None else None,
+        state=_copy_tree(full) if owned else full,
+        owned=owned,
+    )
+
+
 def capture(
     update: int,
     *,
@@ -141,15 +160,7 @@ def capture(
     The tensors stay on their devices: cloning on the GPU takes milliseconds, and the background
     write moves them to the host. Raises ``torch.OutOfMemoryError`` where the copy does not fit.
     """
-    full = {**state, "update": update, "rng": rng_state()}
-    if actor_publication is not None:
-        full["actor_publication"] = actor_publication
-    snap = Snapshot(
-        actor=None if actor_publication is not None else _weights(actor, clone=True),
-        critic=_weights(critic, clone=True) if critic is not None else None,
-        state=_copy_tree(full),
-        owned=True,
-    )
+    snap = _snapshot(update, actor, critic, state, actor_publication, owned=True)
     # the clones are queued on this thread's stream; the writer thread copies them to the host on
     # its own, so they must be done first
     for device in _cuda_devices([snap.actor, snap.critic, snap.state]):
@@ -210,15 +221,7 @@ def save_checkpoint(
     ``actor_publication``: the publication directory, relative to ``output``, that holds the
     actor's exact state dict with digest ``state["digest"]``; the actor is then not written again.
     """
-    full = {**state, "update": update, "rng": rng_state()}
-    if actor_publication is not None:
-        full["actor_publication"] = actor_publication
-    snap = Snapshot(
-        actor=None if actor_publication is not None else _weights(actor, clone=False),
-        critic=_weights(critic, clone=False) if critic is not None else None,
-        state=full,
-    )
-    return write(output, update, snap)
+    return write(output, update, _snapshot(update, actor, critic, state, actor_publication, owned=False))
 
 
 class CheckpointWriter:

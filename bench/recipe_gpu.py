@@ -1,7 +1,7 @@
 """The recipe's GPU stages, measured: teacher labelling, decider training (tokens/s, MFU, memory), DDP = 1 process.
 
     python bench/recipe_gpu.py label --device cuda --json out/label.json
-    python bench/recipe_gpu.py train --device cuda --json out/train.json [--compile] [--set KEY=VALUE ...]
+    python bench/recipe_gpu.py train --device cuda --json out/train.json [--compile] [--profile N] [--set KEY=VALUE ...]
     python bench/recipe_gpu.py ddp   --device cuda --json out/ddp.json       # needs 2 GPUs (skipped with 1)
     python bench/recipe_gpu.py all   --device cuda --json out/all.json       # the three, one JSON
     python bench/recipe_gpu.py all   --device cpu --shape tiny --json x.json # seconds, on a CPU (CI)
@@ -92,7 +92,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "bench"))
 
+import gpu_profile  # noqa: E402
 import torch  # noqa: E402
 
 from hobson.io import dumps_row, write_json_atomic  # noqa: E402
@@ -640,7 +642,7 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
     out = ws.root / "train"
     warmup, steps = args.warmup, args.steps
     overrides = train_overrides(args, ws, out, bf16=device == "cuda")
-    overrides.append(f"stop_after_steps={warmup + steps}")
+    overrides.append(f"stop_after_steps={warmup + steps + args.profile}")
     cfg = load_train_config(args.config, overrides)
     peak = dense_peak(init_device(device), args.peak_size)
     log(f"train: dense matmul peak {peak['tflops']} TFLOP/s ({peak['dtype']}, {peak['size']}^3)")
@@ -676,12 +678,21 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
 
             recipe.collator.collate = counting
             step_fn = recipe._train_step
+            prof: dict[str, Any] = {}
 
             def timed_step(step, micro):
+                if args.profile and len(per_step) == warmup + steps:  # the profiled steps follow the timed ones
+                    prof["cm"] = gpu_profile.profiled(device)
+                    prof["p"] = prof["cm"].__enter__()
+                    prof["t0"] = time.perf_counter()
                 result = step_fn(step, micro)
                 sync(device)
                 per_step.append({**current, "t": time.perf_counter()})
                 current.update(rows=0, tokens=0, padded=0, lengths=[])
+                if "cm" in prof and len(per_step) == warmup + steps + args.profile:
+                    wall = time.perf_counter() - prof["t0"]
+                    prof.pop("cm").__exit__(None, None, None)
+                    prof["summary"] = gpu_profile.summarize(prof.pop("p"), steps=args.profile, wall_s=wall)
                 return result
 
             recipe._train_step = timed_step
@@ -691,7 +702,7 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
             per_step.insert(0, {"t": start})
         finally:
             recipe.cleanup()
-    done = per_step[1:]
+    done = per_step[1: 1 + warmup + steps]
     if len(done) <= warmup:
         raise RuntimeError(f"only {len(done)} steps ran (warm-up {warmup}); the corpus is too small for --steps")
     window = done[warmup:]
@@ -734,6 +745,8 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
     if device == "cuda":
         fig["peak_alloc_gib"] = gib(torch.cuda.max_memory_allocated())
         fig["peak_reserved_gib"] = gib(torch.cuda.max_memory_reserved())
+    if "summary" in prof:
+        fig["profile"] = prof["summary"]
     if gdn.get("compiled"):
         from torch._dynamo.utils import counters
 
@@ -758,6 +771,8 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
         ("MFU (F+B+K) / MFU (6N) / HFU", f"{fig['mfu']:.2%} / {fig['mfu_6n']:.2%} / {fig['hfu']:.2%}"),
         ("peak memory allocated GiB", fig.get("peak_alloc_gib", "n/a (CPU)")),
     ])
+    if "profile" in fig:
+        gpu_profile.print_summary(f"train, {args.profile} steps after the timed ones", fig["profile"])
     return fig
 
 
@@ -925,6 +940,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument("--compile", action="store_true",
                    help="torch.compile the torch fallback's chunked gated delta rule (give --warmup room to compile)")
     g.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
+    g.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after the timed steps, run N more under torch.profiler and print where the time goes")
     g.add_argument("--gdn", choices=["auto", "torch"], default="auto",
                    help="auto: whatever transformers dispatches to (fla when it imports and its backward works); "
                         "torch: force the torch fallback")

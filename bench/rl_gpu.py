@@ -39,7 +39,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
+import gpu_profile  # noqa: E402
 import torch  # noqa: E402
 
 from hobson.models import PROVIDERS, tiny_config  # noqa: E402
@@ -171,6 +173,8 @@ def part_rollout(args, res: dict) -> None:
             ratio_vs_hf_style=base["seconds"] / r["seconds"],
         )
     out = {"dtype": "bfloat16", "batch": B, "prompt_tokens": P, "new_tokens": N, "engines": rows}
+    if args.profile:
+        out["profile"] = profile_rollout(engine(True), model, plist, ids, seeds, N, T, dev)
     print(f"\n### rollout: {args.kind} ({args.size}), bf16, batch {B}, {P} prompt + {N} new tokens, T={T}\n")
     print("| engine | tokens/s | decode ms/step | decode tok/s | prefill tok/s | × HF-style |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
@@ -197,6 +201,23 @@ def part_rollout(args, res: dict) -> None:
     model = None
     if dev.startswith("cuda"):
         torch.cuda.empty_cache()
+
+
+def profile_rollout(e: NativeEngine, model, plist, ids, seeds, N: int, T: float, dev: str) -> dict:
+    """Where a generate's time goes (per generated token: one prefill + N - 1 decode steps)."""
+    e.generate(plist, seeds, T, N)  # capture the graph outside the window
+    out = {}
+    for name, fn in (("native engine (CUDA graphs)", lambda: e.generate(plist, seeds, T, N)),
+                     ("plain HF-style generate", lambda: hf_style_generate(model, ids, seeds, N, T))):
+        sync(dev)
+        with torch.no_grad(), gpu_profile.profiled(dev) as prof:
+            t0 = time.perf_counter()
+            fn()
+            sync(dev)
+            wall = time.perf_counter() - t0
+        out[name] = gpu_profile.summarize(prof, steps=N, wall_s=wall)
+        gpu_profile.print_summary(f"rollout, {name}, per generated token ({N} steps incl. prefill)", out[name])
+    return out
 
 
 def huginn_fwd_bwd(model, dev: str, B: int, T: int) -> dict:
@@ -405,6 +426,8 @@ def main() -> None:
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=48)
     p.add_argument("--fwd-bwd", action="store_true", help="also the Huginn forward+backward at tiny size")
+    p.add_argument("--profile", action="store_true",
+                   help="rollout: also profile one generate of each engine and print where the time goes")
     p.add_argument("--algorithms", default=",".join(ALGORITHMS))
     p.add_argument("--resume-algorithms", default=",".join(ALGORITHMS), help="those also stopped and resumed")
     p.add_argument("--reward", default="test-token-value",

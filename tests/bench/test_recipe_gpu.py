@@ -98,6 +98,34 @@ def test_all_parts_tiny_on_cpu(rg, tmp_path, capsys):
     assert set(fig["environment"]) >= {"torch", "transformers", "peft"}
 
 
+def test_train_profile_tiny_on_cpu(rg, tmp_path, capsys):
+    """``--profile 1`` profiles one step after the timed ones, which stay as they were."""
+    out = tmp_path / "train.json"
+    rc = rg.main(["train", "--device", "cpu", "--shape", "tiny", "--profile", "1", "--json", str(out),
+                  "--workdir", str(tmp_path / "work")])
+    fig = json.loads(out.read_text())["train"]
+    assert rc == 0, fig.get("error")
+    assert fig["steps"] == 2 and fig["rows"] == 2 * 32
+    assert fig["gated_deltanet"]["calls"] == 3 * 2 * 2 * 4  # warm-up, 2 timed, 1 profiled
+    prof = fig["profile"]
+    assert prof["steps"] == 1 and prof["wall_ms_per_step"] > 0 and prof["aten_ops_per_step"] > 100
+    names = {r["name"] for r in prof["top_host_ops"]}
+    assert "aten::linalg_solve_triangular" in names or "aten::mm" in names
+    assert "### profile: train, 1 steps after the timed ones" in capsys.readouterr().out
+
+
+def test_profile_helpers():
+    import sys
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import gpu_profile
+
+    assert gpu_profile._busy_us([(0, 10), (5, 15), (20, 30), (21, 22)]) == 25
+    assert gpu_profile.family("sm90_xmma_gemm_bf16bf16_bf16f32") == "matmul"
+    assert gpu_profile.family("void trsm_left_kernel<float>") == "triangular solve"
+    assert gpu_profile.family("void at::native::vectorized_elementwise_kernel<4, ...>") == "elementwise"
+
+
 def _dispatch_wrapper(implementation, torch_function):
     """A stand-in for transformers' ``use_kernel_func_from_hub_with_fallback`` wrapper."""
     def wrapped(*args, **kwargs):

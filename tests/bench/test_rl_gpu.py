@@ -16,7 +16,7 @@ def test_rollout_and_publish_parts_tiny_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "rl_gpu.json"
     cmd = [sys.executable, "bench/rl_gpu.py", "--kind", "huginn_raven", "--size", "tiny", "--device", "cpu",
            "--engine-device", "cpu", "--parts", "rollout,publish", "--batch", "2", "--prompt-tokens", "8",
-           "--new-tokens", "4", "--work", str(tmp_path / "work"), "--json", str(out)]
+           "--new-tokens", "4", "--profile", "--work", str(tmp_path / "work"), "--json", str(out)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "src")])}
     r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -28,6 +28,10 @@ def test_rollout_and_publish_parts_tiny_on_cpu(tmp_path: Path) -> None:
     # noise can make it negative, so only its presence is checked here, not its sign
     assert all(e["tokens_per_s"] > 0 and math.isfinite(e["decode_ms_per_step"]) for e in engines.values())
     assert res["rollout"]["vs_reference"]["floor_ms"] == 22.0
+    for name in ("native engine (CUDA graphs)", "plain HF-style generate"):  # --profile, host side on a CPU
+        prof = res["rollout"]["profile"][name]
+        assert prof["steps"] == 4 and prof["aten_ops_per_step"] > 0 and prof["top_host_ops"]
+    assert "### profile: rollout, native engine (CUDA graphs)" in r.stdout
     pub = res["publish"]
     assert pub["bytes"] > 0 and pub["publish_s"] > 0 and pub["load_s"] > 0 and pub["raw_copy_s"] > 0
     assert "| publish (export, digest, manifest, fsync, rename) |" in r.stdout

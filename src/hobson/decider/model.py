@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hobson.attention import varying_shape_sdpa
 from hobson.decider.collate import Batch
 from hobson.errors import ConfigError, DataError
 from hobson.labels.prompt import MAX_OPTIONS, letter_token_ids
@@ -111,7 +112,8 @@ class Decider(nn.Module):
         return [p for p in self.parameters() if p.requires_grad]
 
     def _hidden(self, batch: Batch) -> torch.Tensor:
-        return self.torso(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+        with varying_shape_sdpa():
+            return self.torso(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
 
     def forward(self, batch: Batch | None) -> dict[str, torch.Tensor | None]:
         if batch is None:

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from hobson.attention import varying_shape_sdpa
 from hobson.decider.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -326,7 +327,7 @@ class DeciderTrainRecipe:
             last = j == len(batches) - 1
             sync = contextlib.nullcontext() if last or self.world_size == 1 else self.ddp.no_sync()
             batch = batch.to(self.device)
-            with sync:
+            with sync, varying_shape_sdpa():  # over the backward too: checkpointing recomputes there
                 out = self.ddp(batch)
                 loss, metrics = self._loss(batch, out)
                 (loss * scale).backward()

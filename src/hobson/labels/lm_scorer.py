@@ -49,6 +49,8 @@ class LMOptionScorer:
     def score_batch(self, rows: Sequence[dict[str, Any]]) -> list[list[float]]:
         import torch
 
+        from hobson.attention import varying_shape_sdpa
+
         ids = self._encode_many(rows)
         width = max(len(x) for x in ids)
         input_ids = torch.full((len(ids), width), self.pad_id, dtype=torch.long)
@@ -57,7 +59,7 @@ class LMOptionScorer:
             input_ids[k, width - len(x):] = torch.from_numpy(x).long()
             mask[k, width - len(x):] = 1
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        with torch.inference_mode():
+        with torch.inference_mode(), varying_shape_sdpa():
             logits = self.model(
                 input_ids=input_ids.to(self.device),
                 attention_mask=mask.to(self.device),

@@ -299,7 +299,10 @@ class NativeEngine:
         """
         length = cache.length
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: the background checkpoint writer copies GPU tensors to the host while the
+        # next rollout records; in the default "global" mode any such call from another thread
+        # invalidates the capture (cudaErrorStreamCaptureInvalidated, seen on two H200s)
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             out = model.decode_step(feed, cache, attention_mask=live, position_ids=next_pos, **kw)
         cache.length = length
         return graph, out

@@ -273,7 +273,19 @@ def finish_step(cache: KVCache | None, new: int, key_mask: Tensor | None) -> Non
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None) -> Tensor:
-    """Scaled dot-product attention ``(B, H, T, D) × (B, Hkv, S, D) -> (B, H, T, D)``, GQA by repeat."""
+    """Scaled dot-product attention ``(B, H, T, D) × (B, Hkv, S, D) -> (B, H, T, D)``.
+
+    GQA: a decode step (``T == 1``) folds the ``H / Hkv`` query heads of each KV head into query
+    rows of it, so the cache is read where it lies; other calls repeat K and V. Repeating in a
+    decode step copied the whole KV cache twice per layer, 30% of the GPU time of a Nanbeige
+    decode step on an H200 (``bench/rl_gpu.py --profile``).
+    """
+    if k.shape[1] != q.shape[1] and q.shape[2] == 1 and attn_mask is not None:
+        B, H, _, D = q.shape
+        hkv = k.shape[1]
+        rows = q.reshape(B, hkv, H // hkv, D)
+        mask = attn_mask.expand(attn_mask.shape[0], attn_mask.shape[1], H // hkv, attn_mask.shape[-1])
+        return torch.nn.functional.scaled_dot_product_attention(rows, k, v, attn_mask=mask).reshape(B, H, 1, D)
     if k.shape[1] != q.shape[1]:
         rep = q.shape[1] // k.shape[1]
         k = k.repeat_interleave(rep, dim=1)

@@ -364,6 +364,9 @@ def part_e2e(args, res: dict, model_dir: Path, t_start: float) -> None:
             u["seconds"]["checkpoint_write"] = written.get(u["update"], float("nan"))
         resume = alg in args.resume_algorithms.split(",") and time.perf_counter() - t_start < args.deadline
         entry["run_dirs"] = [str(a), str(b)]
+        res["e2e"][alg] = entry
+        print_e2e(args, alg, entry)
+        write(args, res)  # the full run's figures survive a stop/resume cut short by the time limit
         if resume:
             t0 = time.perf_counter()
             entry["rc_stop"] = run(rl_cmd(args, model_dir, alg, b, "--stop-after", "2"), work / f"{alg}-b1.log")
@@ -376,9 +379,8 @@ def part_e2e(args, res: dict, model_dir: Path, t_start: float) -> None:
             entry["verify_resume"] = vr.stdout.strip().splitlines()
             if entry["rc_stop"] or entry["rc_resume"]:
                 entry["log_tail"] = (work / f"{alg}-b2.log").read_text()[-3000:]
-        res["e2e"][alg] = entry
-        print_e2e(args, alg, entry)
-        write(args, res)
+            print_resume(entry)
+            write(args, res)
         shutil.rmtree(a, ignore_errors=True)
         shutil.rmtree(b, ignore_errors=True)
 
@@ -398,6 +400,9 @@ def print_e2e(args, alg: str, e: dict) -> None:
         s = u["seconds"]
         print(f"| {u['update']} | " + " | ".join(f"{s.get(k, float('nan')):.2f}" for k in keys)
               + f" | {u['tokens_per_s']:.0f} | {u.get('peak_memory_gib', {})} |")
+
+
+def print_resume(e: dict) -> None:
     if "verify_resume_rc" in e:
         n_eq = sum(1 for line in e["verify_resume"] if line.endswith(": equal"))
         print(f"\nstop after 2 + resume ({e['wall_stop_resume_s']} s): verify-resume rc {e['verify_resume_rc']}, "

@@ -73,3 +73,20 @@ def test_a_failed_compile_falls_back_to_eager(monkeypatch: pytest.MonkeyPatch) -
     with pytest.warns(UserWarning, match="torch.compile of rms_norm failed"), common.fused_kernels(True):
         y = common.rms_norm(x, w, 1e-6)
     assert torch.equal(y, common.rms_norm.__wrapped__(x, w, 1e-6))
+
+
+def test_gqa_decode_fold_equals_repeated_kv():
+    """A decode step reads the KV cache in place (query heads folded into rows) instead of repeating it."""
+    from hobson.models.common import attend
+
+    g = torch.Generator().manual_seed(0)
+    B, H, Hkv, S, D = 3, 8, 2, 21, 16
+    q = torch.randn(B, 1, H, D, generator=g).transpose(1, 2)  # (B, H, 1, D), not contiguous, as in the models
+    k, v = torch.randn(B, Hkv, S, D, generator=g), torch.randn(B, Hkv, S, D, generator=g)
+    for mask in (torch.rand(B, 1, 1, S, generator=g) > 0.3, torch.ones(1, 1, 1, S, dtype=torch.bool)):
+        mask[..., -1] = True
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q, k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1), attn_mask=mask)
+        out = attend(q, k, v, mask)
+        assert out.shape == (B, H, 1, D)
+        torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from hobson.decider.collate import Collator, to_canonical
+from hobson.decider.collate import Collator, to_canonical, token_lengths
 from hobson.decider.sampler import LengthGroupedSampler, assign_micro_batches, row_length
 from hobson.errors import DataError
 from hobson.io import read_jsonl
@@ -127,3 +127,30 @@ def test_row_length_grows_with_content(tok_rows):
     _, rows = tok_rows
     r = rows[0]
     assert row_length(dict(r, state=r["state"] + " more")) > row_length(r)
+
+
+def test_token_lengths_are_the_canonical_rendering_and_draw_no_rng(tok_rows):
+    tok, rows = tok_rows
+    lengths = token_lengths(tok, rows, max_length=1024, force_bos=False, chunk=7)  # chunks: 7 rows at a time
+    canonical = Collator(tok, max_length=1024, force_bos=False, seed=0, shuffle=False).collate(list(enumerate(rows)))
+    assert lengths == canonical.attention_mask.sum(dim=1).tolist()
+    drawn = Collator(tok, max_length=1024, force_bos=False, seed=5).collate(list(enumerate(rows)))
+    drawn_lengths = drawn.attention_mask.sum(dim=1).tolist()
+    plain = [i for i, r in enumerate(rows) if not r.get("instruction_variants")]  # only the order is drawn
+    assert plain and all(drawn_lengths[i] == lengths[i] for i in plain)
+    longest = max(range(len(rows)), key=lengths.__getitem__)  # its state is cut as in training
+    assert token_lengths(tok, [rows[longest]], max_length=lengths[longest] - 5, force_bos=False) == [
+        lengths[longest] - 5]
+
+
+def test_grouping_by_tokens_pads_less_than_by_characters(tok_rows):
+    tok, rows = tok_rows
+    tokens = token_lengths(tok, rows, max_length=1024, force_bos=False)
+
+    def padding(lengths):
+        plan = LengthGroupedSampler(lengths, micro_batch_size=4, grad_accum=1, epochs=1, seed=0, chunk=8).plan(0)
+        real = sum(tokens[i] for step in plan for mb in step for i in mb)
+        padded = sum(len(mb) * max(tokens[i] for i in mb) for step in plan for mb in step)
+        return 1 - real / padded
+
+    assert padding(tokens) < padding([row_length(r) for r in rows])

@@ -172,3 +172,18 @@ def test_attention_runs_without_cudnn_sdpa_forward_and_recompute(config_factory,
     assert seen and not any(cudnn for cudnn, _ in seen)
     assert any(grad for _, grad in seen) and any(not grad for _, grad in seen)  # trained and frozen forwards
     assert torch.backends.cuda.cudnn_sdp_enabled()  # the process-wide flag is put back
+
+
+def test_length_group_by_is_validated_and_a_resume_keeps_it(config_factory, tmp_path):
+    """The grouping key shapes the step plan: a resume under another key is refused, naming it."""
+    with pytest.raises(ConfigError, match="length_group_by 'words' is not one of tokens, chars"):
+        load_train_config(config_factory(tmp_path / "bad.yaml", tmp_path / "bad", length_group_by="words"))
+    out = tmp_path / "out"
+    cfg = load_train_config(config_factory(tmp_path / "c.yaml", out, stop_after_steps=1, length_group_by="chars"))
+    assert recipe_main(cfg) == 0
+    recipe = DeciderTrainRecipe(load_train_config(config_factory(tmp_path / "d.yaml", out)))
+    try:
+        with pytest.raises(ConfigError, match="length_group_by: checkpoint 'chars', now 'tokens'"):
+            recipe.setup()
+    finally:
+        recipe.cleanup()

@@ -39,6 +39,20 @@ def option_line(j: int, name: str, description: str) -> str:
     return f"{option_tag(j)}. {name}: {description}" if description else f"{option_tag(j)}. {name}"
 
 
+def token_lengths(tokenizer: Any, rows: Sequence[Mapping[str, Any]], *, max_length: int, force_bos: bool,
+                  chunk: int = 4096) -> list[int]:
+    """Each row's rendered length in tokens, as training renders it (state cut to ``max_length``)
+    but in canonical option order with the base instruction: the key rows are grouped by. Option
+    lines are tokenized one by one, so a drawn order changes only the option tags; a drawn phrasing changes it
+    by that phrasing's own difference. Draws no RNG."""
+    canonical = Collator(tokenizer, max_length=max_length, force_bos=force_bos, seed=0, shuffle=False)
+    out: list[int] = []
+    for start in range(0, len(rows), chunk):
+        part = list(enumerate(rows[start: start + chunk], start))
+        out.extend(len(ids) for ids, _, _ in canonical.render(part))
+    return out
+
+
 def phrasings(row: Mapping[str, Any]) -> list[str]:
     """The instruction phrasings a draw chooses from: ``instructions`` then each variant."""
     return [row["instructions"], *row.get("instruction_variants", [])]

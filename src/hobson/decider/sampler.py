@@ -21,7 +21,7 @@ import numpy as np
 
 
 def row_length(row: Mapping[str, Any]) -> int:
-    """A cheap, tokenizer-free length proxy for grouping: characters of the rendered prompt."""
+    """A cheap, tokenizer-free length proxy: characters of the rendered prompt (``length_group_by: chars``)."""
     opts = sum(len(name) + len(desc) + 5 for name, desc in row["options"])
     return len(row["state"]) + len(row["instructions"]) + opts + 10
 

@@ -43,7 +43,7 @@ from hobson.decider.checkpoint import (
     save_checkpoint,
     step_dir,
 )
-from hobson.decider.collate import Batch, Collator, to_canonical
+from hobson.decider.collate import Batch, Collator, to_canonical, token_lengths
 from hobson.decider.config import TrainConfig, config_to_dict, resume_conflicts
 from hobson.decider.loss import decider_loss, masked_log_softmax
 from hobson.decider.model import Decider, build_decider
@@ -158,7 +158,11 @@ class DeciderTrainRecipe:
         teacher = read_teacher(cfg.teacher_files, self.rows)
         self.collator = Collator(self.tokenizer, max_length=cfg.max_length, force_bos=cfg.force_bos,
                                  seed=cfg.seed, teacher=teacher)
-        self.lengths = [row_length(r) for r in self.rows]
+        if cfg.length_group_by == "tokens":
+            self.lengths = token_lengths(self.tokenizer, self.rows, max_length=cfg.max_length,
+                                         force_bos=cfg.force_bos)
+        else:
+            self.lengths = [row_length(r) for r in self.rows]
         self.sampler = LengthGroupedSampler(self.lengths, micro_batch_size=cfg.micro_batch_size,
                                             grad_accum=cfg.grad_accum, epochs=cfg.epochs, seed=cfg.seed,
                                             chunk=cfg.length_group_chunk)

@@ -90,3 +90,8 @@ def test_gqa_decode_fold_equals_repeated_kv():
         out = attend(q, k, v, mask)
         assert out.shape == (B, H, 1, D)
         torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    per_head = torch.rand(B, H, 1, S, generator=g) > 0.3  # a mask per query head cannot fold: repeated
+    per_head[..., -1] = True
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1), attn_mask=per_head)
+    torch.testing.assert_close(attend(q, k, v, per_head), ref, rtol=1e-6, atol=1e-6)

@@ -43,8 +43,8 @@ def token_lengths(tokenizer: Any, rows: Sequence[Mapping[str, Any]], *, max_leng
                   chunk: int = 4096) -> list[int]:
     """Each row's rendered length in tokens, as training renders it (state cut to ``max_length``)
     but in canonical option order with the base instruction: the key rows are grouped by. Option
-    lines are tokenized one by one, so a drawn order changes only the option tags; a drawn phrasing changes it
-    by that phrasing's own difference. Draws no RNG."""
+    lines are tokenized one by one, so a drawn order changes only the option tags; a drawn
+    phrasing changes it by that phrasing's own difference. Draws no RNG."""
     canonical = Collator(tokenizer, max_length=max_length, force_bos=force_bos, seed=0, shuffle=False)
     out: list[int] = []
     for start in range(0, len(rows), chunk):

@@ -280,7 +280,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None) -> Tensor:
     decode step copied the whole KV cache twice per layer, 30% of the GPU time of a Nanbeige
     decode step on an H200 (``bench/rl_gpu.py --profile``).
     """
-    if k.shape[1] != q.shape[1] and q.shape[2] == 1 and attn_mask is not None:
+    # the fold reuses one mask row for every folded head: only a mask shared across heads allows it
+    if k.shape[1] != q.shape[1] and q.shape[2] == 1 and attn_mask is not None and attn_mask.shape[1] == 1:
         B, H, _, D = q.shape
         hkv = k.shape[1]
         rows = q.reshape(B, hkv, H // hkv, D)

@@ -1,8 +1,11 @@
-"""The native engine's CUDA-graph decode on a GPU, while another thread copies GPU tensors to the host.
+"""The native engine's CUDA-graph decode on a GPU.
 
-That is what the background checkpoint writer does during the next update's rollout. With graphs
-recorded in CUDA's default "global" capture mode, the writer's copies invalidated the capture
-(cudaErrorStreamCaptureInvalidated in a Huginn ppo run on two H200s).
+- Sampling runs inside the graph: replays must draw each row's noise exactly as eager steps do
+  (the rows' generators are registered with the graph).
+- Decoding beside another thread that copies GPU tensors to the host, as the background checkpoint
+  writer does during the next update's rollout. With graphs recorded in CUDA's default "global"
+  capture mode, the writer's copies invalidated the capture (cudaErrorStreamCaptureInvalidated in
+  a Huginn ppo run on two H200s).
 """
 
 from __future__ import annotations
@@ -20,8 +23,7 @@ from hobson.rl.engine import NativeEngine
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
-@pytest.mark.parametrize("kind", ["nanbeige", "huginn_raven"])
-def test_graph_decode_beside_a_copying_thread(tmp_path: Path, kind: str) -> None:
+def _engine(tmp_path: Path, kind: str) -> NativeEngine:
     cfg = tiny_config(kind)
     provider = get_provider(cfg)
     actor = provider.build_actor(cfg, seed=0)
@@ -31,6 +33,35 @@ def test_graph_decode_beside_a_copying_thread(tmp_path: Path, kind: str) -> None
     engine = NativeEngine(provider, dtype=torch.float32, device=f"cuda:{engine_gpu}", eos_id=-1, pad_id=0,
                           model_revision="r", engine_revision="e")
     engine.load_publication(publication.version_dir(root, 0))
+    return engine
+
+
+@pytest.mark.parametrize("kind", ["nanbeige", "huginn_raven"])
+def test_graph_replay_samples_as_eager_steps(tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sampling is inside the decode graph: replays draw each row's noise as eager steps do."""
+    engine = _engine(tmp_path, kind)
+    prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13], [14]]
+    seeds = [11, 12, 13, 14]
+    captured = []
+    capture = NativeEngine._capture
+
+    def counting(step, cache, gens):  # noqa: ANN001, ANN202
+        captured.append(len(gens))
+        return capture(step, cache, gens)
+
+    monkeypatch.setattr(NativeEngine, "_capture", staticmethod(counting))
+    graphed = engine.generate(prompts, seeds, 1.0, 32)
+    assert captured == [len(prompts)]
+    monkeypatch.setattr(NativeEngine, "_capture", staticmethod(lambda step, cache, gens: None))
+    eager = engine.generate(prompts, seeds, 1.0, 32)
+    assert [c.tokens for c in graphed] == [c.tokens for c in eager]
+    assert [c.logprobs for c in graphed] == [c.logprobs for c in eager]
+    assert len({tuple(c.tokens) for c in eager}) == len(prompts)  # rows really sampled, not one argmax
+
+
+@pytest.mark.parametrize("kind", ["nanbeige", "huginn_raven"])
+def test_graph_decode_beside_a_copying_thread(tmp_path: Path, kind: str) -> None:
+    engine = _engine(tmp_path, kind)
     prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
     seeds = [1, 2, 3]
     quiet = engine.generate(prompts, seeds, 1.0, 24)

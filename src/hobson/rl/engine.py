@@ -17,7 +17,8 @@ The native engine is batched: prompts are left-padded with per-row positions (so
 positions training will give it), prefilled once into the provider's KV cache (one stream per
 Huginn recurrence step × core layer, one per Nanbeige loop × layer, HF's DynamicCache for plain HF
 models), then decoded one token per step. Looped models get a fixed-capacity cache whose indices
-live on the device, so on CUDA every decode step after the first replays one captured CUDA graph.
+live on the device, so on CUDA every decode step after the first replays one captured CUDA graph,
+sampling included.
 Behaviour log-probs are ``log_softmax(logits / T)`` of the sampled token.
 """
 
@@ -226,8 +227,11 @@ class NativeEngine:
         generator (on the engine's device), and the host reads the results once at the end (on a
         GPU it checks whether every row has finished only every ``SYNC_EVERY`` steps). On CUDA,
         with a model that offers a fixed-capacity cache, the first decode step runs eagerly and
-        later ones replay a CUDA graph of it: a Huginn step is ~10k small kernels, and launching
-        them one by one from Python costs more than running them.
+        later ones replay a CUDA graph of it, sampling included: a Huginn step is ~10k small
+        kernels, and a Nanbeige step's sampling (softmax, one noise draw per row's generator,
+        argmax, log-prob) cost ~2 ms a step when launched one by one from Python. The row
+        generators are registered with the graph, so each replay draws exactly the noise an eager
+        step would.
         """
         B = len(prompts)
         dev = self.device
@@ -246,39 +250,50 @@ class NativeEngine:
         logits = model.prefill(ids.to(dev), cache, attention_mask=attn.to(dev), position_ids=pos.to(dev), **kw)[:, -1]
 
         gens = [torch.Generator(device=dev).manual_seed(int(s)) for s in seeds]
+        # every per-step value lives in a fixed buffer, which a captured graph reads and writes
         out_tok = torch.zeros(B, max_new, dtype=torch.long, device=dev)
         out_lp = torch.zeros(B, max_new, dtype=torch.float32, device=dev)
         done = torch.zeros(B, dtype=torch.bool, device=dev)
         n_valid = torch.zeros(B, dtype=torch.long, device=dev)
-        # the decode step's inputs live in fixed buffers, which a captured graph reads
+        tok = torch.zeros(B, dtype=torch.long, device=dev)
+        step_at = torch.zeros(1, dtype=torch.long, device=dev)  # index of the token last sampled
         feed = torch.zeros(B, dtype=torch.long, device=dev)
         live = torch.ones(B, 1, dtype=torch.long, device=dev)
         next_pos = lens[:, None].to(dev)
         latents = self._decode_latents(model, seeds, lens, max_new)  # Huginn: (B, max_new - 1, E)
         if latents is not None:
             kw["latent_state"] = latents[:, :1].clone()
-        graph = graph_out = None
-        sync_every = SYNC_EVERY if dev.type == "cuda" else 1
-        for step in range(max_new):
-            tok = self._sample(logits, temperature, gens)
-            out_tok[:, step] = tok
-            out_lp[:, step] = token_logprobs(logits[:, None], tok[:, None], temperature or 1.0)[:, 0]
-            n_valid += (~done).long()
-            done |= tok == self.eos_id
-            if step == max_new - 1 or ((step + 1) % sync_every == 0 and bool(done.all())):
-                break
+
+        def record(logits: Tensor) -> None:
+            tok.copy_(self._sample(logits, temperature, gens))
+            out_tok.index_copy_(1, step_at, tok[:, None])
+            lp = token_logprobs(logits[:, None], tok[:, None], temperature or 1.0)
+            out_lp.index_copy_(1, step_at, lp)
+            n_valid.add_((~done).long())
+            done.logical_or_(tok == self.eos_id)
+
+        def decode_and_record() -> None:
             feed.copy_(torch.where(done, torch.full_like(tok, self.pad_id), tok))
             live.copy_((~done).long()[:, None])
             if latents is not None:
-                kw["latent_state"].copy_(latents[:, step : step + 1])
+                kw["latent_state"].copy_(latents.index_select(1, step_at))
+            logits = model.decode_step(feed, cache, attention_mask=live, position_ids=next_pos, **kw)
+            next_pos.add_(1)
+            step_at.add_(1)
+            record(logits)
+
+        record(logits)
+        graph = None
+        sync_every = SYNC_EVERY if dev.type == "cuda" else 1
+        for step in range(1, max_new):
+            if step % sync_every == 0 and bool(done.all()):
+                break
             if graph is not None:
                 graph.replay()
-                logits = graph_out
-            else:
-                logits = model.decode_step(feed, cache, attention_mask=live, position_ids=next_pos, **kw)
-                if static and dev.type == "cuda" and self.cuda_graphs and step + 2 < max_new:
-                    graph, graph_out = self._capture(model, cache, feed, live, next_pos, kw)
-            next_pos += 1
+                continue
+            decode_and_record()
+            if static and dev.type == "cuda" and self.cuda_graphs and step + 1 < max_new:
+                graph = self._capture(decode_and_record, cache, gens)
         return out_tok.tolist(), out_lp.tolist(), n_valid.tolist()
 
     @staticmethod
@@ -288,24 +303,24 @@ class NativeEngine:
         return model.new_cache()  # a model with only a growing cache (plain HF models)
 
     @staticmethod
-    def _capture(
-        model: nn.Module, cache: Any, feed: Tensor, live: Tensor, next_pos: Tensor, kw: dict[str, Any]
-    ) -> tuple[torch.cuda.CUDAGraph, Tensor]:
-        """Record one decode step reading the fixed buffers ``feed``, ``live``, ``next_pos`` (and
-        Huginn's ``kw["latent_state"]``); returns the graph and its output buffer.
+    def _capture(step: Any, cache: Any, gens: list[torch.Generator]) -> torch.cuda.CUDAGraph | None:
+        """Record ``step`` (one decode step and its sampling, on fixed buffers) as a CUDA graph.
 
         Recording runs no kernel: the cache's host-side count, advanced while recording, is put
-        back; its device-side write position advances inside every replay.
+        back; its device-side write position advances inside every replay. Each row's generator is
+        registered first, so a replay advances its Philox offset as an eager step does.
         """
         length = cache.length
         graph = torch.cuda.CUDAGraph()
+        for g in gens:
+            graph.register_generator_state(g)
         # thread_local: the background checkpoint writer copies GPU tensors to the host while the
         # next rollout records; in the default "global" mode any such call from another thread
         # invalidates the capture (cudaErrorStreamCaptureInvalidated, seen on two H200s)
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            out = model.decode_step(feed, cache, attention_mask=live, position_ids=next_pos, **kw)
+            step()
         cache.length = length
-        return graph, out
+        return graph
 
     @staticmethod
     def _decode_latents(model: nn.Module, seeds: list[int], lens: Tensor, max_new: int) -> Tensor | None:

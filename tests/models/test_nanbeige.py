@@ -139,3 +139,26 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     ckpt = grads()
     for name, g in plain.items():
         assert torch.allclose(g, ckpt[name], atol=1e-6), name
+
+
+def test_fused_projections_keep_the_weights_and_the_outputs():
+    """The engine's q/k/v and gate/up fusion: same parameters (as views of one matrix), same logits."""
+    from hobson.rl import publication
+
+    m = _build()
+    provider = get_provider(m.config)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    digest = publication.tensors_digest(provider._export_tensors(m))
+    ids = _ids(3, 9, seed=2)
+    with torch.no_grad():
+        want = m(ids)
+        m.fuse_projections()
+        got = m(ids)
+    after = m.state_dict()
+    assert after.keys() == before.keys()
+    assert all(torch.equal(after[k], before[k]) for k in before)
+    assert publication.tensors_digest(provider._export_tensors(m)) == digest
+    attn, mlp = m.model.layers[0].self_attn, m.model.layers[0].mlp
+    assert attn.q_proj.weight.untyped_storage().data_ptr() == attn.qkv_weight.untyped_storage().data_ptr()
+    assert mlp.up_proj.weight.untyped_storage().data_ptr() == mlp.gate_up_weight.untyped_storage().data_ptr()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

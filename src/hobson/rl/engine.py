@@ -18,7 +18,7 @@ positions training will give it), prefilled once into the provider's KV cache (o
 Huginn recurrence step × core layer, one per Nanbeige loop × layer, HF's DynamicCache for plain HF
 models), then decoded one token per step. Looped models get a fixed-capacity cache whose indices
 live on the device, so on CUDA every decode step after the first replays one captured CUDA graph,
-sampling included.
+sampling included. On a GPU the engine stacks a model's projections where it can (:meth:`serve`).
 Behaviour log-probs are ``log_softmax(logits / T)`` of the sampled token.
 """
 
@@ -181,11 +181,21 @@ class NativeEngine:
                             f"{manifest.digest}; refusing version {manifest.version}"
                         )
                 del tensors
-                model.eval()
-                self.model, self.version, self.digest = model, manifest.version, digest  # the commit
+                self.serve(model, manifest.version, digest)  # the commit
                 return manifest
             finally:
                 self.paused = False
+
+    def serve(self, model: nn.Module, version: int, digest: str) -> None:
+        """Commit ``model`` (already verified as ``version``/``digest``) as the one generating.
+
+        On a GPU, a model that can stack its projections does (q/k/v, gate/up: one skinny GEMM
+        each instead of three and two); the parameters keep their values, as views.
+        """
+        model.eval()
+        if self.device.type == "cuda" and hasattr(model, "fuse_projections"):
+            model.fuse_projections()
+        self.model, self.version, self.digest = model, version, digest
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()

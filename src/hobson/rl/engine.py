@@ -29,6 +29,7 @@ import hashlib
 import inspect
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -313,7 +314,7 @@ class NativeEngine:
         return model.new_cache()  # a model with only a growing cache (plain HF models)
 
     @staticmethod
-    def _capture(step: Any, cache: Any, gens: list[torch.Generator]) -> torch.cuda.CUDAGraph | None:
+    def _capture(step: Callable[[], None], cache: Any, gens: list[torch.Generator]) -> torch.cuda.CUDAGraph:
         """Record ``step`` (one decode step and its sampling, on fixed buffers) as a CUDA graph.
 
         Recording runs no kernel: the cache's host-side count, advanced while recording, is put

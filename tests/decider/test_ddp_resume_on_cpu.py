@@ -19,6 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from hobson import faults
 from hobson.decider.config import load_train_config
 from hobson.decider.train import PREEMPT_EXIT_CODE, recipe_main, run_local_ranks
 
@@ -129,20 +130,19 @@ def test_usr2_checkpoints_then_resume_matches(runs, config_factory, tmp_path, su
     full = runs("w1", 1)
     out = tmp_path / "usr2" / "out"
     cfg = config_factory(tmp_path / "usr2.yaml", out)
-    proc = subprocess.Popen([sys.executable, "-m", "jobs.train", "--config", str(cfg)], cwd=REPO, env=subprocess_env,
+    holds = tmp_path / "holds"
+    env = {**subprocess_env, faults.ENV_POINTS: "train-step-3", faults.ENV_DIR: str(holds)}
+    proc = subprocess.Popen([sys.executable, "-m", "jobs.train", "--config", str(cfg)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("{") and json.loads(line).get("step") == 2 and "loss" in json.loads(line):
-            os.kill(proc.pid, signal.SIGUSR2)
-            break
-    rest, err = proc.communicate(timeout=300)
-    lines.extend(rest.splitlines())
+    # the signal lands while the trainer holds before step 3, whatever the machine's speed
+    faults.wait_held(holds, "train-step-3", 300, alive=lambda: proc.poll() is None)
+    os.kill(proc.pid, signal.SIGUSR2)
+    stdout, err = proc.communicate(timeout=300)
+    lines = stdout.splitlines(keepends=True)
     assert proc.returncode == PREEMPT_EXIT_CODE, f"exit {proc.returncode}\n{''.join(lines)}\n{err}"
     records = [json.loads(x) for x in lines if x.startswith("{")]
     at = next(r["preempted_at_step"] for r in records if "preempted_at_step" in r)
-    assert 2 <= at < STEPS
+    assert at == 3
     assert [p.name for p in (out / "checkpoints").iterdir()] == [f"step_{at:08d}"]
     assert not (out / "final").exists()
     resumed = runs("usr2_resume", 1, output=str(tmp_path / "usr2"))

@@ -9,6 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from hobson import faults
 from hobson.io import sha256_file
 from hobson.records import RunPaths
 from launch.backends.slurm import SlurmBackend
@@ -154,20 +155,19 @@ def test_training_sent_usr2_checkpoints_requeues_and_ends_with_the_same_weights(
     run_dir = tmp_path / "run"
     # every input of `train` as the local run recorded it; train itself and after it not yet run
     shutil.copytree(local_dir, run_dir, ignore=shutil.ignore_patterns("train", "calibrated", "eval"))
-    meta = submit(run_dir, "train")
+    holds = tmp_path / "holds"
+    meta = submit(run_dir, "train", env={faults.ENV_POINTS: "train-step-20", faults.ENV_DIR: str(holds)})
     (job,) = job_ids(meta)["train"]
     log = tmp_path / "logs" / "run" / "train.log"
-    deadline = time.monotonic() + 600
-    while not (log.exists() and any(s >= 20 for s in _steps(log))):
-        assert time.monotonic() < deadline, "training never reached step 20"
-        time.sleep(0.5)
+    # the ranks hold before step 20 until the USR2 reaches them, whatever the machine's speed
+    faults.wait_held(holds, "train-step-20", 600, alive=lambda: bool(slurm_jobs.active([job])))
     slurm_jobs.run(["scancel", "--signal=USR2", "--batch", job])
     states = wait_all(slurm_jobs, meta, deadline_s=900)
     assert states[job] == "COMPLETED", states
 
     first, second = _steps(log), _steps(tmp_path / "logs" / "run" / "train.attempt1.log")
     assert "[hobson] checkpointed after USR2: requeue" in log.read_text()
-    assert first[0] == 1 and second and second[0] > 1, (first[:3], second[:3])
+    assert first[0] == 1 and second and second[0] == 21, (first[:3], second[:3])
     uninterrupted = _steps(recipe_all_local[1] / "train.log")
     assert second[-1] == uninterrupted[-1]
     # at most one checkpoint interval (checkpoint_every: 100) run twice; USR2 checkpoints at once, so none

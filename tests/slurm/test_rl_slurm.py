@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hobson import faults
 from hobson.io import read_jsonl
 from hobson.rl.verify_resume import compare_runs
 
@@ -84,6 +85,30 @@ def _assert_whole(run: Path) -> None:
         assert (ck / "state.pt").is_file(), ck
     for f in (run / "rollouts").glob("*"):
         read_jsonl(f)
+
+
+def _hold(root: Path, point: str) -> dict[str, str]:
+    """The environment that makes the run hold at ``point`` (hobson.faults) until released."""
+    return {faults.ENV_POINTS: point, faults.ENV_DIR: str(root)}
+
+
+def _wait_held(slurm_jobs, job: str, root: Path, point: str) -> int:
+    """The pid of the trainer holding at ``point``; fails at once (with the logs) if the job ended first."""
+    try:
+        return faults.wait_held(root, point, DEADLINE_S, alive=lambda: bool(slurm_jobs.active([job])))
+    except (TimeoutError, RuntimeError) as e:
+        pytest.fail(f"{e}\n{_log(slurm_jobs.workdir, job)}")
+
+
+def _wait_gone(pid: int, timeout_s: float = 60.0) -> None:
+    end = time.monotonic() + timeout_s
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        assert time.monotonic() < end, f"pid {pid} still alive after {timeout_s:.0f} s"
+        time.sleep(0.05)
 
 
 def _submit(slurm_jobs, script: str, env: dict[str, str], *options: str) -> str:
@@ -156,12 +181,12 @@ def test_usr2_requeues_and_the_job_resumes(slurm_jobs, reference: Path) -> None:
     requeues itself, runs again under the same id and OUTPUT, and resumes from checkpoint 1,
     republishing version 1 before its first rollout."""
     run = slurm_jobs.workdir / "run"
-    job = _submit(slurm_jobs, "grpo.sh", _env(run))
-    end = time.monotonic() + DEADLINE_S
-    while not (run / "checkpoints" / "update-000001" / "state.pt").exists():
-        assert time.monotonic() < end, _log(slurm_jobs.workdir, job)
-        time.sleep(0.2)
+    holds = slurm_jobs.workdir / "holds"
+    job = _submit(slurm_jobs, "grpo.sh", _env(run, **_hold(holds, "update-2")))
+    pid = _wait_held(slurm_jobs, job, holds, "update-2")  # checkpoint 1 whole, update 2 not begun
     slurm_jobs.run(["scancel", "--batch", "--signal=USR2", job])
+    _wait_gone(pid)  # the requeue ended the held trainer; the requeued run passes the point
+    faults.release(holds, "update-2")
     rows = slurm_jobs.wait(job, deadline_s=REQUEUE_DEADLINE_S)
     log = _log(slurm_jobs.workdir, job)
     assert {r["State"] for r in rows} == {"COMPLETED"}, log
@@ -175,15 +200,17 @@ def test_usr2_requeues_and_the_job_resumes(slurm_jobs, reference: Path) -> None:
 
 
 def test_killed_rollout_component_fails_job_then_resume(slurm_jobs, reference: Path) -> None:
+    """The rollout server killed while the trainer holds between checkpoint 1 and update 2: the
+    job fails naming the rollout component, and the same script resumes it from checkpoint 1."""
     run = slurm_jobs.workdir / "run"
-    job = _submit(slurm_jobs, "grpo.sh", _env(run))
-    end = time.monotonic() + DEADLINE_S
-    while not (run / "checkpoints" / "update-000001" / "state.pt").exists():
-        assert time.monotonic() < end, _log(slurm_jobs.workdir, job)
-        time.sleep(0.2)
+    holds = slurm_jobs.workdir / "holds"
+    job = _submit(slurm_jobs, "grpo.sh", _env(run, **_hold(holds, "update-2")))
+    _wait_held(slurm_jobs, job, holds, "update-2")
     address = json.loads(next((run / "engine").glob("address-*.json")).read_text())
     os.kill(address["pid"], signal.SIGKILL)  # the cluster's nodes are processes on this host
+    _wait_gone(address["pid"])
     killed = time.monotonic()
+    faults.release(holds, "update-2")  # update 2's rollout now meets a dead server
     rows = slurm_jobs.wait(job, deadline_s=DEADLINE_S)
     states = {r["JobID"]: r["State"] for r in rows}
     assert states[f"{job}+0"] == "FAILED", states
@@ -200,23 +227,20 @@ def test_killed_rollout_component_fails_job_then_resume(slurm_jobs, reference: P
 
 
 def test_hung_rollout_component_detected_by_timeouts(slurm_jobs) -> None:
-    """A server that stops answering (SIGSTOP: its port still accepts) right after the trainer
-    configured it: the first publication (or generate) gets no answer within its timeout."""
+    """A server that stops answering (SIGSTOP: its port still accepts) once it serves version 0:
+    update 1's generate gets no answer within its timeout."""
     from hobson.rl.transport import request
 
     run = slurm_jobs.workdir / "run"
-    job = _submit(slurm_jobs, "grpo.sh", _env(run, UPDATES="1", REQUEST_TIMEOUT="10", PUBLISH_TIMEOUT="10"))
-    end = time.monotonic() + DEADLINE_S
-    while True:
-        assert time.monotonic() < end, _log(slurm_jobs.workdir, job)
-        found = list((run / "engine").glob("address-*.json")) if (run / "engine").is_dir() else []
-        if found:
-            address = json.loads(found[0].read_text())
-            if request(address, {"op": "ping"}, 10)["configured"]:
-                break
-        time.sleep(0.1)
+    holds = slurm_jobs.workdir / "holds"
+    job = _submit(slurm_jobs, "grpo.sh", _env(run, UPDATES="1", REQUEST_TIMEOUT="10", PUBLISH_TIMEOUT="10",
+                                              **_hold(holds, "update-1")))
+    _wait_held(slurm_jobs, job, holds, "update-1")  # version 0 published: the server is configured
+    address = json.loads(next((run / "engine").glob("address-*.json")).read_text())
+    assert request(address, {"op": "ping"}, 10)["configured"]
     os.kill(address["pid"], signal.SIGSTOP)
     hung = time.monotonic()
+    faults.release(holds, "update-1")  # update 1's rollout asks a server that never answers
     try:
         rows = slurm_jobs.wait(job, deadline_s=DEADLINE_S)
     finally:

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from hobson import faults
 from hobson.attention import varying_shape_sdpa
 from hobson.decider.checkpoint import (
     latest_checkpoint,
@@ -268,6 +269,8 @@ class DeciderTrainRecipe:
         saved_at = self.sampler.global_step() if latest_checkpoint(self.checkpoint_root) else -1
         for epoch, _, micro in self.sampler:
             step = self.sampler.global_step() + 1
+            # a fault test's USR2 lands before this step (and ends the hold)
+            faults.hold(f"train-step-{step}", until=lambda: self._usr2)
             sums, grad_norm = self._train_step(step, micro)
             self.sampler.advance()
             sums[_METRICS.index("usr2")] = float(self._usr2)

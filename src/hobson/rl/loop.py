@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from hobson import faults
 from hobson.errors import ConfigError, StageError
 from hobson.io import atomic_write, dumps_row, read_jsonl, write_json_atomic
 from hobson.models import get_provider, tiny_config
@@ -543,6 +544,9 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
     last = cfg.stop_after or cfg.updates
     try:
         for update in range(start + 1, last + 1):
+            # a fault test lands its fault here: the previous checkpoint whole, this update not begun
+            settle = None if writer is None else lambda: checkpoint_written(writer.wait())
+            faults.hold(f"update-{update}", settle=settle)
             secs: dict[str, float] = {}
             _reset_peaks()
             t0 = _now()

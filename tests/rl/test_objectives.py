@@ -38,11 +38,15 @@ def test_registry_names_and_lookup_errors():
     assert obj.get_objective("ppo") is obj.ppo_loss  # the failed registration changed nothing
 
 
-def test_aggregate_masked_token_mean():
+def test_aggregate_sample_mean_default_and_token_mean():
     loss = t([[1.0, 2.0, 100.0], [3.0, 100.0, 100.0]])
     mask = t([[1, 1, 0], [1, 0, 0]])
-    assert obj.aggregate(loss, mask).item() == pytest.approx(2.0)  # (1+2+3)/3
-    assert obj.aggregate(loss, torch.zeros_like(mask)).item() == 0.0
+    assert obj.aggregate(loss, mask).item() == pytest.approx(2.25)  # ((1+2)/2 + 3) / 2
+    assert obj.aggregate(loss, mask, "token-mean").item() == pytest.approx(2.0)  # (1+2+3)/3
+    for mode in obj.AGGREGATIONS:
+        assert obj.aggregate(loss, torch.zeros_like(mask), mode).item() == 0.0
+    with pytest.raises(ConfigError, match="loss_aggregation 'seq-sum': supported sample-mean, token-mean"):
+        obj.aggregate(loss, mask, "seq-sum")
 
 
 # ------------------------------------------------------------------------------- hand cases
@@ -60,8 +64,8 @@ def test_ppo_hand_computed():
     assert loss.item() == pytest.approx((-1.2 + 0.8 - 2.2) / 3)
     assert m["clipfrac"].item() == pytest.approx(2 / 3)
     assert m["ratio_mean"].item() == pytest.approx((1.5 + 0.5 + 1.1) / 3)
-    k3 = [(r - 1) - math.log(r) for r in (1.5, 0.5, 1.1)]
-    assert m["approx_kl"].item() == pytest.approx(sum(k3) / 3)
+    k1 = [-math.log(r) for r in (1.5, 0.5, 1.1)]  # VIME's ppo_kl: old - new
+    assert m["approx_kl"].item() == pytest.approx(sum(k1) / 3)
     assert all(not v.requires_grad for v in m.values())
     # grpo is the same surrogate
     loss_g, _ = obj.grpo_loss(logp, old, adv, mask)
@@ -85,8 +89,8 @@ def test_value_loss_hand_computed():
     loss, m = obj.value_loss(v, old, ret, mask, value_clip=0.2)
     # token 0: unclipped (1.5-2)^2 = .25, clipped V=1.2 -> (1.2-2)^2 = .64 -> .64
     # token 1: unclipped (0.1-1)^2 = .81, clipped V=0.1 (inside) -> .81
-    assert loss.item() == pytest.approx(0.5 * (0.64 + 0.81) / 2)
-    assert m["vf_clipfrac"].item() == pytest.approx(0.5)
+    assert loss.item() == pytest.approx((0.64 + 0.81) / 2)  # no 1/2 (VIME)
+    assert m["vf_clipfrac"].item() == pytest.approx(0.5)  # |V - V_old| = .5 > .2 on token 0 only
 
 
 def test_gae_hand_computed():
@@ -163,7 +167,7 @@ def test_dppo_hand_computed_and_weight_clamping():
     # token 1: r=1.1, A=2: -2.2, ×0.5 = -1.1
     # token 2: r=0.9, A=-1: max(0.9, 0.9) = 0.9, ×1.5 = 1.35
     assert loss.item() == pytest.approx((-2.4 - 1.1 + 1.35) / 3)
-    assert m["weight_mean"].item() == pytest.approx((2 + 0.5 + 1.5) / 3)
+    assert m["weight_mean"].item() == pytest.approx((3 + 0.25 + 1.5) / 3)  # the raw weight (VIME's tis)
     assert m["weight_clampfrac"].item() == pytest.approx(2 / 3)
     assert m["clipfrac"].item() == pytest.approx(1 / 3)
     loss.backward()
@@ -237,15 +241,19 @@ def _rand(seed, shape):
     return g, mask
 
 
-def _loop_mean(values, mask):
-    num = sum(v * m for v, m in zip(values, mask, strict=True))
-    den = sum(mask)
-    return num / max(den, 1.0)
+def _loop_mean(values, mask, mode="token-mean", row=None):
+    """``values``, ``mask``: flat lists of a (B, T) batch with rows of ``row`` tokens."""
+    if mode == "token-mean":
+        num = sum(v * m for v, m in zip(values, mask, strict=True))
+        return num / max(sum(mask), 1.0)
+    rows = [(values[i : i + row], mask[i : i + row]) for i in range(0, len(values), row)]
+    return sum(_loop_mean(v, m) for v, m in rows) / len(rows)
 
 
+@pytest.mark.parametrize("mode", ["sample-mean", "token-mean"])
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_ppo_and_dppo_loop_vs_vectorized(seed, shape):
+def test_ppo_and_dppo_loop_vs_vectorized(seed, shape, mode):
     g, mask = _rand(seed, shape)
     logp = torch.randn(*shape, generator=g, dtype=torch.float64) * 0.3
     old = torch.randn(*shape, generator=g, dtype=torch.float64) * 0.3
@@ -263,11 +271,11 @@ def test_ppo_and_dppo_loop_vs_vectorized(seed, shape):
             w = min(max(math.exp(old[b, i].item() - behav[b, i].item()), 0.5), 2.0)
             dppo_tok.append(max(-r * a, -rc * a) * w)
     m = mask.flatten().tolist()
-    loss, met = obj.ppo_loss(logp, old, adv, mask, clip_eps=eps)
-    assert loss.item() == pytest.approx(_loop_mean(ppo_tok, m), rel=1e-12)
-    assert met["clipfrac"].item() == pytest.approx(_loop_mean(clip, m), rel=1e-12)
-    loss_d, _ = obj.dppo_loss(logp, old, behav, adv, mask, clip_eps=eps)
-    assert loss_d.item() == pytest.approx(_loop_mean(dppo_tok, m), rel=1e-12)
+    loss, met = obj.ppo_loss(logp, old, adv, mask, clip_eps=eps, aggregation=mode)
+    assert loss.item() == pytest.approx(_loop_mean(ppo_tok, m, mode, shape[1]), rel=1e-12)
+    assert met["clipfrac"].item() == pytest.approx(_loop_mean(clip, m, mode, shape[1]), rel=1e-12)
+    loss_d, _ = obj.dppo_loss(logp, old, behav, adv, mask, clip_eps=eps, aggregation=mode)
+    assert loss_d.item() == pytest.approx(_loop_mean(dppo_tok, m, mode, shape[1]), rel=1e-12)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -285,11 +293,12 @@ def test_flow_dppo_loop_vs_vectorized(seed, shape):
         for i in range(shape[1]):
             po = [math.exp(x) for x in old[b, i].tolist()]
             lo_row, ln_row = old[b, i].tolist(), new[b, i].tolist()
-            d = sum(p * (lo - ln) for p, lo, ln in zip(po, lo_row, ln_row, strict=True))
+            d = max(0.0, sum(p * (lo - ln) for p, lo, ln in zip(po, lo_row, ln_row, strict=True)))
             a_t = actions[b, i].item()
-            rho = math.exp(new[b, i, a_t].item() - old[b, i, a_t].item())
+            log_ratio = new[b, i, a_t].item() - old[b, i, a_t].item()
+            rho = math.exp(log_ratio)
             a = adv[b, i].item()
-            blocked = ((a > 0 and rho > 1) or (a < 0 and rho < 1)) and d > budget
+            blocked = ((a > 0 and log_ratio > 0) or (a < 0 and log_ratio < 0)) and d > budget
             tok.append(-rho * a)
             gate.append(1.0 if blocked else 0.0)
             if mask[b, i]:
@@ -297,14 +306,15 @@ def test_flow_dppo_loop_vs_vectorized(seed, shape):
                 open_any |= not blocked
     m = mask.flatten().tolist()
     loss, met = obj.flow_dppo_loss(new, old, actions, adv, mask, kl_budget=budget)
-    assert loss.item() == pytest.approx(_loop_mean(tok, m), rel=1e-12)
-    assert met["gate_frac"].item() == pytest.approx(_loop_mean(gate, m), rel=1e-12)
+    assert loss.item() == pytest.approx(_loop_mean(tok, m, "sample-mean", shape[1]), rel=1e-12)
+    assert met["gate_frac"].item() == pytest.approx(_loop_mean(gate, m, "sample-mean", shape[1]), rel=1e-12)
     assert open_any  # the random cases include open tokens
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_gae_loop_vs_vectorized(seed, shape):
+def test_gae_skip_loop_vs_vectorized(seed, shape):
+    """``gae_masked: skip`` (hobson's rule before conventions v2): the recursion carries over holes."""
     g, mask = _rand(seed, shape)
     values = torch.randn(*shape, generator=g, dtype=torch.float64)
     rewards = torch.randn(shape[0], generator=g, dtype=torch.float64)
@@ -325,7 +335,7 @@ def test_gae_loop_vs_vectorized(seed, shape):
             row_ret[i] = nxt_a + nxt_v
         expect_adv.append(row_adv)
         expect_ret.append(row_ret)
-    adv, ret = obj.gae_advantages(rewards, mask, values=values, gamma=gamma, lam=lam, whiten=False)
+    adv, ret = obj.gae_advantages(rewards, mask, values=values, gamma=gamma, lam=lam, whiten=False, masked="skip")
     assert torch.allclose(adv, t(expect_adv), atol=1e-12)
     assert torch.allclose(ret, t(expect_ret), atol=1e-12)
 

@@ -44,13 +44,14 @@ def test_engine_and_trainer_logprobs_agree(tmp_path: Path, kind: str) -> None:
     engine.load_publication(publication.version_dir(root, 0))
     # prompts of different lengths: the engine left-pads, the trainer right-pads
     prompts = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16]]
-    seeds = [request_seed(42, 1, i, 0) for i in range(3)]
+    seeds = [request_seed(42, 0, i) for i in range(3)]
     outs = engine.generate(prompts, seeds, temperature=0.8, max_new_tokens=10)
     assert all(o.version == 0 and o.digest == man.digest for o in outs)
     if kind == "huginn_raven":
         assert outs[0].trace == {
             "seed": seeds[0],
             "profile": "like-init-cpu-f32-v1",
+            "check": "seed 0, position 0, width 16: -0.743694 -0.572633 0.006496 -1.557992",
             "depths": [4] * len(outs[0].tokens),
             "model_revision": "rev-a",
             "policy_version": 0,

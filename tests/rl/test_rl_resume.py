@@ -2,7 +2,7 @@
 uninterrupted updates equal ``--stop-after 2`` plus a ``--resume`` in a fresh process, bit for bit.
 
 The runs use the TEST-ONLY ``test-token-value`` reward (rewards vary within a group, so
-advantages are non-zero) and a large learning rate (0.1), so weights visibly change at every
+advantages are non-zero) and a large learning rate (1.0, clipped at norm 1), so weights visibly change at every
 update and Flow-DPPO's KL gate fires on the second half-batch step. All 16 in-process runs share
 the pytest process (one DeepSpeed set-up); the 8 resumes run in ONE fresh process, which never
 saw the interrupted runs' memory. Threads are pinned to 1 in both (reductions may split
@@ -118,7 +118,8 @@ def test_verify_resume_cli(runs: Path) -> None:
     assert same.returncode == 0, same.stdout + same.stderr
     assert "checkpoint update-000003 actor parameters: equal" in same.stdout
     other = subprocess.run(
-        [sys.executable, "-m", "jobs.verify_resume", str(runs / "ppo-nanbeige-full"), str(runs / "dppo-nanbeige-full")],
+        [sys.executable, "-m", "jobs.verify_resume", str(runs / "ppo-nanbeige-full"),
+         str(runs / "flow-dppo-nanbeige-full")],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -126,5 +127,7 @@ def test_verify_resume_cli(runs: Path) -> None:
     )
     assert other.returncode == 1
     # both start from the same weights and prompts, so the first difference is the update-1 actor
+    # (not dppo: on update 1 its proximal and behaviour log-probs can be bit-equal, when the engine's
+    # and the trainer's forwards round alike, and then its update is exactly PPO's)
     assert "checkpoint update-000001 actor parameters: DIFFERENT: actor." in other.stdout
     assert "rollouts update-000001 tokens: equal" in other.stdout

@@ -22,10 +22,11 @@ gradients reach adapter, core blocks and, through the injected ``e``, the prelud
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import platform
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -185,15 +186,23 @@ def apply_rope(x: Tensor, freqs: Tensor) -> Tensor:
     return rotated.flatten(-2).to(x.dtype)
 
 
+@functools.cache
+def latent_check() -> str:
+    """The first values this derivation draws for seed 0, position 0, width 16: recorded with a
+    run's profile and every trace, so latents drawn under another derivation are refused by name."""
+    return "seed 0, position 0, width 16: " + " ".join(f"{v:.6f}" for v in latent_vector(0, 0, 16)[:4].tolist())
+
+
 def latent_profile(dtype: torch.dtype) -> dict[str, str]:
     """What a latent replay depends on, to persist beside a run and check before replaying.
 
     The noise is drawn on the CPU in fp32 (profile ``like-init-cpu-f32-v1``), but torch's
     truncated-normal sampler, the CPU architecture and the model dtype the state is cast to can
-    all change the bits.
+    all change the bits; ``check`` pins the seed derivation (:func:`latent_check`).
     """
     return {
         "profile": LATENT_PROFILE,
+        "check": latent_check(),
         "torch": torch.__version__,
         "dtype": str(dtype).removeprefix("torch."),
         "machine": platform.machine(),
@@ -209,17 +218,48 @@ def check_latent_profile(recorded: dict[str, str], dtype: torch.dtype) -> None:
         if recorded.get(k) != current[k]
     ]
     if diffs:
-        raise ConfigError("latent profile differs, replayed log-probs would not match: " + "; ".join(diffs))
+        why = (" (no check: drawn with hobson's old SHA-256 seed derivation, not vllm-rlt's BLAKE2b one)"
+               if "check" not in recorded else "")
+        raise ConfigError("latent profile differs, replayed log-probs would not match: " + "; ".join(diffs) + why)
+
+
+def trace_latents(trace: Mapping[str, Any], n_positions: int, n_embd: int) -> Tensor:
+    """``(n_positions, E)`` fp32 CPU latents of positions ``0..n_positions-1`` of a recorded trace.
+
+    Reads vllm-rlt's ``RecurrentTrace`` layout (``model_family``, ``latent_seed``,
+    ``latent_profile``; positions are the request's logical input positions, prompt then
+    response) and hobson's own (``seed``, ``profile``, ``check``). A trace of another model
+    family or profile, without a latent seed, or (hobson's) drawn under another seed derivation
+    is refused, naming the field.
+    """
+    if "latent_profile" in trace or "model_family" in trace:  # vllm-rlt / VIME
+        if trace.get("model_family") != "huginn_raven":
+            raise ConfigError(f"trace model_family {trace.get('model_family')!r}: latents exist for huginn_raven only")
+        profile, seed = trace.get("latent_profile"), trace.get("latent_seed")
+        check = latent_check()  # the profile name fixes vllm-rlt's derivation
+    else:
+        profile, seed, check = trace.get("profile"), trace.get("seed"), trace.get("check")
+    if profile != LATENT_PROFILE:
+        raise ConfigError(f"trace latent profile {profile!r}: this replay draws {LATENT_PROFILE!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+        raise ConfigError(f"trace latent seed {seed!r}: needs an integer in [0, 2**63) (a trace without one has none)")
+    if check != latent_check():
+        raise ConfigError(
+            f"trace latent check {check!r}, now {latent_check()!r}: the trace was drawn under another seed "
+            "derivation (hobson before conventions v2 hashed a string with SHA-256); it cannot be replayed here"
+        )
+    return torch.stack([latent_vector(seed, p, n_embd) for p in range(n_positions)])
 
 
 def latent_seed(seed: int, position: int) -> int:
     """Generator seed for position ``position`` of a completion sampled with ``seed``.
 
-    SHA-256 of ``"<profile>:<seed>:<position>"`` (stable across processes and machines, unlike
-    Python's ``hash``), first 8 bytes little-endian, top bit cleared.
+    vllm-rlt's definition (``huginn_latents.py:replay_huginn_latents``), so that a trace it
+    recorded replays here to the same latents: BLAKE2b (8-byte digest) of ``seed`` and
+    ``position`` as 8-byte little-endian integers, read little-endian, modulo 2**63.
     """
-    digest = hashlib.sha256(f"{LATENT_PROFILE}:{int(seed)}:{int(position)}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+    identity = int(seed).to_bytes(8, "little") + int(position).to_bytes(8, "little")
+    return int.from_bytes(hashlib.blake2b(identity, digest_size=8).digest(), "little") % 2**63
 
 
 def latent_vector(seed: int, position: int, n_embd: int) -> Tensor:

@@ -54,6 +54,8 @@ class NanbeigeConfig:
     num_loops: int = 2
     skip_loop_final_norm: bool = False
     initializer_range: float = 0.02
+    # vllm-rlt builds nn.Embedding(vocab, hidden, pad_token_id): that row never gets a gradient
+    pad_token_id: int | None = 0
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -261,7 +263,7 @@ class NanbeigeLooped(nn.Module):
         self.critic = critic
         self.gradient_checkpointing = False
         self.model = nn.Module()
-        self.model.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.model.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
         self.model.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.model.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if critic:

@@ -108,7 +108,7 @@ ALGORITHMS: dict[str, Algorithm] = {
 
 # keyword parameters of each advantage estimator, from the run's settings
 ADVANTAGE_PARAMS: dict[str, Callable[[Any], dict[str, Any]]] = {
-    "gae": lambda cfg: {"gamma": cfg.gamma, "lam": cfg.lam},
+    "gae": lambda cfg: {"gamma": cfg.gamma, "lam": cfg.lam, "masked": cfg.gae_masked},
     "grpo": lambda cfg: {},
 }
 

@@ -9,10 +9,13 @@ all change the run's bits, so a changed one is refused by name (:func:`check_res
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hobson.errors import ConfigError
+from hobson.rl.objectives import AGGREGATIONS, GAE_MASKED
 
 ALGORITHMS = ("ppo", "grpo", "dppo", "flow-dppo")
 PRECISIONS = {"fp32": "float32", "fp16": "float16"}
@@ -23,6 +26,9 @@ RESUME_MAY_CHANGE = frozenset(
      "keep_checkpoints", "keep_publications", "checkpoint_in_line"}
 )
 TINY_PREFIX = "tiny:"
+LONG_PROMPTS = ("drop", "truncate")
+# v2: VIME's conventions (docs/RL.md); v1 (no record) was hobson's own before them
+CONVENTIONS_VERSION = 2
 
 
 @dataclass
@@ -38,7 +44,9 @@ class RLConfig:
     resume: bool = False
     engine: str = "native"  # native | vllm (vllm serves plain HF models and Nanbeige)
     trainer: str = "deepspeed"  # deepspeed | torch (plain torch: CPU tests only)
-    precision: str = "fp32"  # training precision: fp32 | fp16 (Huginn on GPU: fp16, loss scale 128)
+    # training precision fp32 | fp16; None: VIME's default, fp16 (loss scale 128) for Huginn on a
+    # CUDA device, else fp32 (resolved by resolve_defaults and recorded so)
+    precision: str | None = None
     rollout_precision: str | None = None  # must equal precision; None: the same
     model_revision: str | None = None  # recorded in manifests and traces; checked against the model dir
     engine_revision: str | None = None
@@ -46,8 +54,10 @@ class RLConfig:
     recompute: bool = False  # activation checkpointing in training forwards
     seed: int = 42
     prompts_per_update: int = 4
-    completions_per_prompt: int = 4  # GRPO needs at least 2 per prompt
+    # None: VIME's looped recipe, 4 for GRPO (at least 2), 1 for PPO, DPPO and Flow-DPPO
+    completions_per_prompt: int | None = None
     max_prompt_tokens: int = 128
+    long_prompts: str = "drop"  # drop (VIME: rows longer than max_prompt_tokens are left out) | truncate
     max_new_tokens: int = 48
     temperature: float = 0.8
     reward: str = "math"  # math | test-token-value | test-constant (the test ones: tests only)
@@ -60,6 +70,10 @@ class RLConfig:
     gamma: float = 1.0
     lam: float = 0.95
     kl_budget: float = 0.01  # Flow-DPPO's per-token KL gate
+    # conventions (docs/RL.md): VIME's by default
+    loss_aggregation: str = "sample-mean"  # sample-mean (each sequence's token mean, then their mean) | token-mean
+    gae_masked: str = "span"  # span (GAE over the whole response span) | skip (carry over masked positions)
+    grad_clip: float = 1.0  # global gradient-norm clip (Megatron's default, which VIME's recipe keeps); 0: none
     backprop_steps: int | None = None  # Huginn: recurrence steps with gradient (None: mean_backprop_depth)
     loss_scale: float = 128.0  # static loss scale in fp16
     device: str = "cpu"  # training device
@@ -84,16 +98,24 @@ class RLConfig:
             v = getattr(self, name)
             if v is not None and v not in PRECISIONS:
                 problems.append(f"{name} {v!r}: supported {', '.join(PRECISIONS)}")
-        if self.rollout_precision is not None and self.rollout_precision != self.precision:
+        if self.rollout_precision is not None and self.rollout_precision != (self.precision or "fp32"):
             problems.append(
                 f"rollout_precision {self.rollout_precision} != precision {self.precision}: rollout and training "
                 "must use the same precision, else behaviour and trainer log-probs disagree"
             )
+        for name, allowed in (("long_prompts", LONG_PROMPTS), ("loss_aggregation", AGGREGATIONS),
+                              ("gae_masked", GAE_MASKED)):
+            if getattr(self, name) not in allowed:
+                problems.append(f"{name} {getattr(self, name)!r}: supported {', '.join(allowed)}")
+        if self.grad_clip < 0:
+            problems.append(f"grad_clip {self.grad_clip} must be >= 0 (0: no clipping)")
+        if self.max_prompt_tokens < 1 or self.max_new_tokens < 1:
+            problems.append("max_prompt_tokens and max_new_tokens must be >= 1")
         if self.engine not in ("native", "vllm"):
             problems.append(f"engine {self.engine!r}: supported native, vllm")
         if self.trainer not in ("deepspeed", "torch"):
             problems.append(f"trainer {self.trainer!r}: supported deepspeed, torch")
-        if self.trainer == "torch" and self.precision != "fp32":
+        if self.trainer == "torch" and self.precision not in (None, "fp32"):
             problems.append("trainer torch supports fp32 only (fp16 needs DeepSpeed's loss scaling)")
         if self.precision == "fp16" and self.device == "cpu":
             problems.append("precision fp16 needs a CUDA device (DeepSpeed's CPU accelerator has no fp16); use fp32")
@@ -103,10 +125,15 @@ class RLConfig:
             problems.append(f"stop_after {self.stop_after} must be in 1..updates ({self.updates})")
         if self.prompts_per_update < 1:
             problems.append(f"prompts_per_update {self.prompts_per_update} must be >= 1")
-        if self.completions_per_prompt < 1 or (self.algorithm == "grpo" and self.completions_per_prompt < 2):
-            problems.append(f"completions_per_prompt {self.completions_per_prompt}: GRPO needs >= 2, others >= 1")
-        if self.algorithm == "flow-dppo" and self.prompts_per_update * self.completions_per_prompt < 2:
-            problems.append("flow-dppo takes two optimizer steps on half the completions each: needs >= 2 completions")
+        n = self.completions_per_prompt
+        if n is not None and (n < 1 or (self.algorithm == "grpo" and n < 2)):
+            problems.append(f"completions_per_prompt {n}: GRPO needs >= 2, others >= 1")
+        seqs = self.prompts_per_update * (n or 1)
+        if self.algorithm == "flow-dppo" and (seqs < 2 or seqs % 2):
+            problems.append(
+                f"flow-dppo takes two optimizer steps on half the completions each: prompts_per_update x "
+                f"completions_per_prompt = {seqs} must be even and >= 2"
+            )
         for name in ("keep_checkpoints", "keep_publications"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} {getattr(self, name)} must be >= 0 (0: keep all)")
@@ -129,6 +156,67 @@ class RLConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def model_family(spec: str) -> str:
+    """``huginn_raven``, ``nanbeige``, ... of a model spec (``tiny:NAME`` or a directory's config.json)."""
+    if spec.startswith(TINY_PREFIX):
+        return spec[len(TINY_PREFIX):]
+    path = Path(spec) / "config.json"
+    try:
+        return str(json.loads(path.read_text(encoding="utf-8")).get("model_type", "unknown"))
+    except (OSError, ValueError) as e:
+        msg = f"model {spec}: cannot read {path} ({e}); pass a model directory with its config.json"
+        raise ConfigError(msg) from None
+
+
+def resolve_defaults(cfg: RLConfig) -> RLConfig:
+    """``cfg`` with every None default resolved to VIME's value for its algorithm, model and device."""
+    cpp = cfg.completions_per_prompt
+    if cpp is None:
+        cpp = 4 if cfg.algorithm == "grpo" else 1
+    precision = cfg.precision
+    if precision is None:
+        on_cuda = str(cfg.device).startswith("cuda")
+        precision = "fp16" if on_cuda and model_family(cfg.model_spec) == "huginn_raven" else "fp32"
+    return dataclasses.replace(cfg, completions_per_prompt=cpp, precision=precision)
+
+
+def conventions(cfg: RLConfig) -> dict[str, Any]:
+    """The conventions a run's numbers depend on, as run.json records them (docs/RL.md)."""
+    return {
+        "version": CONVENTIONS_VERSION,
+        "loss_aggregation": cfg.loss_aggregation,
+        "gae_masked": cfg.gae_masked,
+        "long_prompts": cfg.long_prompts,
+        "grad_clip": cfg.grad_clip,
+        "completions_per_prompt": cfg.completions_per_prompt,
+        "precision": cfg.precision,
+        "value_loss": "max-squared (no 1/2), clipfrac |V - V_old| > value_clip",
+        "flow_dppo_gate": "outward by log-ratio sign, KL clamped at 0",
+        "kl_metric": "k1",
+        "dppo_weight_metric": "raw weight mean",
+        "request_seed": "seed + rollout_id * 1000003 + sample_index (mod 2**63)",
+        "latent_seed": "blake2b(seed_le8 + position_le8, 8 bytes) le mod 2**63",
+    }
+
+
+def check_conventions(recorded: dict[str, Any] | None, cfg: RLConfig) -> None:
+    """Refuse to resume a run recorded under other conventions, naming each that changed."""
+    now = conventions(cfg)
+    if recorded is None:
+        raise ConfigError(
+            f"--resume: this run was recorded before conventions were recorded (version 1, hobson's own: token-mean "
+            f"losses, halved value loss, GAE skipping masked positions, SHA-256 seeds); this hobson uses version "
+            f"{CONVENTIONS_VERSION} (VIME's, docs/RL.md). Start a new run, or resume it with the hobson that wrote it"
+        )
+    # the settings among them (loss_aggregation, precision, ...) are named by check_resume
+    diffs = [f"{k}: run has {recorded.get(k)!r}, now {v!r}" for k, v in now.items()
+             if recorded.get(k) != v and k not in cfg.to_dict()]
+    if diffs:
+        raise ConfigError(
+            "--resume refuses a run recorded under other conventions (docs/RL.md):\n  " + "\n  ".join(diffs)
+        )
 
 
 def check_resume(recorded: dict[str, Any], current: RLConfig) -> None:

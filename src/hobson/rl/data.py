@@ -115,6 +115,25 @@ def tokenizer_for(model_dir: str | os.PathLike | None, vocab_size: int) -> Token
     return ByteTokenizer()
 
 
+def drop_long_prompts(
+    rows: list[PromptRow], tok: Tokenizer, max_tokens: int, mode: str, path: str | os.PathLike
+) -> tuple[list[PromptRow], list[PromptRow]]:
+    """``(kept, dropped)``: with ``mode`` "drop" (VIME's ``filter_long_prompt``) the rows whose
+    prompt encodes to more than ``max_tokens`` tokens are left out; "truncate" keeps every row
+    (:func:`encode_prompt` keeps the last tokens). Nothing left is an error naming the file."""
+    if mode == "truncate":
+        return rows, []
+    kept, dropped = [], []
+    for r in rows:
+        (kept if len(tok.encode(r.prompt)) <= max_tokens else dropped).append(r)
+    if not kept:
+        raise DataError(
+            f"{path}:{rows[0].line}: every one of the {len(rows)} prompts is longer than max_prompt_tokens "
+            f"({max_tokens} tokens); raise --max-prompt-tokens or pass --long-prompts truncate"
+        )
+    return kept, dropped
+
+
 def encode_prompt(tok: Tokenizer, text: str, max_tokens: int) -> list[int]:
     """Token ids of ``text``, keeping the last ``max_tokens`` (the question sits at the end)."""
     ids = tok.encode(text)

@@ -8,7 +8,7 @@ publications (:mod:`hobson.rl.publication`)::
     outs[i].tokens, outs[i].logprobs, outs[i].trace, outs[i].version, outs[i].digest
 
 Reproducibility: request ``i`` samples from its own ``torch.Generator`` on the engine's device,
-seeded with ``seeds[i]`` (the loop derives it from (seed, update, prompt, completion),
+seeded with ``seeds[i]`` (the loop derives it from (seed, rollout id, sample index) as VIME does,
 :func:`request_seed`), so a completion depends only on its seed, its prompt and the weights, never
 on the batch order. For Huginn the same seed picks the latent initial states
 (``like-init-cpu-f32-v1``), recorded in the completion's trace so training replays them.
@@ -25,7 +25,6 @@ Behaviour log-probs are ``log_softmax(logits / T)`` of the sampled token.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import inspect
 import os
 import threading
@@ -38,7 +37,7 @@ from torch import Tensor, nn
 
 from hobson.errors import ConfigError
 from hobson.models.common import DTYPE_NAMES, StaticKVCache, fused_kernels
-from hobson.models.huginn import LATENT_PROFILE, HuginnConfig, initial_state
+from hobson.models.huginn import LATENT_PROFILE, HuginnConfig, initial_state, latent_check
 from hobson.rl import publication
 from hobson.rl.objectives import token_logprobs
 
@@ -69,10 +68,10 @@ class RolloutEngine(Protocol):
 SYNC_EVERY = 8  # on a GPU, decode steps between checks whether every row has finished
 
 
-def request_seed(seed: int, update: int, prompt_index: int, completion_index: int) -> int:
-    """The seed of one rollout request: SHA-256 of the four numbers, 63 bits."""
-    digest = hashlib.sha256(f"rollout:{seed}:{update}:{prompt_index}:{completion_index}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+def request_seed(seed: int, rollout_id: int, sample_index: int) -> int:
+    """The seed of one rollout request, VIME's (``vllm_rlt_utils/engine.py:NativeEngine.generate``):
+    ``(seed + rollout_id * 1_000_003 + sample_index) mod 2**63``; Huginn's latents use it too."""
+    return (int(seed) + int(rollout_id) * 1_000_003 + int(sample_index)) % 2**63
 
 
 def is_recurrent_depth(model: nn.Module) -> bool:
@@ -105,6 +104,7 @@ def latent_trace(
     return {
         "seed": seed,
         "profile": LATENT_PROFILE,
+        "check": latent_check(),
         "depths": [model.config.mean_recurrence] * n_tokens,
         "model_revision": model_revision,
         "policy_version": version,

@@ -49,14 +49,22 @@ from hobson.rl import checkpoint as ckpt
 from hobson.rl import data as rldata
 from hobson.rl import publication
 from hobson.rl.algorithms import ADVANTAGE_PARAMS, Algorithm, get_algorithm
-from hobson.rl.config import PRECISIONS, TINY_PREFIX, RLConfig, check_resume
+from hobson.rl.config import (
+    PRECISIONS,
+    TINY_PREFIX,
+    RLConfig,
+    check_conventions,
+    check_resume,
+    conventions,
+    resolve_defaults,
+)
 from hobson.rl.engine import Completion, forward_kwargs, is_recurrent_depth, request_seed
 from hobson.rl.metrics import MetricsLog
 from hobson.rl.objectives import (
+    aggregate,
     entropy,
     get_advantage,
     get_objective,
-    masked_mean,
     tempered_logprobs,
     token_logprobs,
     value_loss,
@@ -82,7 +90,8 @@ class Batch:
 
     ids: Tensor
     actions: Tensor
-    mask: Tensor
+    mask: Tensor  # what enters the loss and the whitening
+    span: Tensor  # the response positions GAE runs over (today the same as mask)
     behav: Tensor
     rewards: Tensor
     group_ids: Tensor
@@ -97,6 +106,7 @@ class Batch:
             ids=self.ids[idx],
             actions=self.actions[idx],
             mask=self.mask[idx],
+            span=self.span[idx],
             behav=self.behav[idx],
             rewards=self.rewards[idx],
             group_ids=self.group_ids[idx],
@@ -130,6 +140,7 @@ def build_batch(
         ids=ids,
         actions=ids[:, 1:],
         mask=mask,
+        span=mask.clone(),
         behav=behav,
         rewards=torch.tensor(rewards, dtype=torch.float32),
         group_ids=torch.tensor(group_ids),
@@ -288,7 +299,7 @@ def train_on_rollout(
         logits = _fwd(actor, batch, 0)
         trainer_lp = token_logprobs(logits, batch.actions, temp)
         frozen = alg.freeze(logits, batch, temp)
-        ent = masked_mean(entropy(tempered_logprobs(logits, temp)), batch.mask)
+        ent = aggregate(entropy(tempered_logprobs(logits, temp)), batch.mask, cfg.loss_aggregation)
         batch.old_values = _fwd(critic, batch, 0) if critic is not None else torch.zeros(0)
         del logits
     estimator = get_advantage(alg.advantage)
@@ -297,6 +308,7 @@ def train_on_rollout(
         batch.mask,
         values=batch.old_values if critic is not None else None,
         group_ids=batch.group_ids,
+        span=batch.span,
         **ADVANTAGE_PARAMS[alg.advantage](cfg),
     )
     valid = batch.mask.bool()
@@ -304,7 +316,7 @@ def train_on_rollout(
     out: dict[str, Any] = {
         "entropy": float(ent),
         "logprob_diff_max": float((trainer_lp - batch.behav).abs()[valid].max()) if valid.any() else 0.0,
-        "adv_abs_mean": float(masked_mean(batch.advantages.abs(), batch.mask)),
+        "adv_abs_mean": float(aggregate(batch.advantages.abs(), batch.mask, cfg.loss_aggregation)),
         "steps": [],
     }
     objective = get_objective(alg.objective)
@@ -313,13 +325,14 @@ def train_on_rollout(
         mb = batch.rows(idx)
         fz = {k: v[idx] for k, v in frozen.items()}
         logits = _fwd(actor, mb, backprop)
-        loss, m = objective(**alg.inputs(logits, fz, mb, temp), **alg.params(cfg))
+        loss, m = objective(**alg.inputs(logits, fz, mb, temp), **alg.params(cfg), aggregation=cfg.loss_aggregation)
         actor.backward(loss)
         step = {"loss": float(loss.detach()), "grad_norm": actor.grad_norm(), **{k: float(v) for k, v in m.items()}}
         actor.step()
         if critic is not None:
             values = _fwd(critic, mb, backprop)
-            vloss, vm = value_loss(values, mb.old_values, mb.returns, mb.mask, value_clip=cfg.value_clip)
+            vloss, vm = value_loss(values, mb.old_values, mb.returns, mb.mask, value_clip=cfg.value_clip,
+                                   aggregation=cfg.loss_aggregation)
             critic.backward(vloss)
             critic.step()
             step.update(value_loss=float(vloss.detach()), **{k: float(v) for k, v in vm.items()})
@@ -360,7 +373,7 @@ class RunRecord:
                 "host": socket.gethostname(),
                 "git": git_info(),
                 "versions": versions(),
-                "rl": {"settings": cfg.to_dict(), **extra, "sessions": []},
+                "rl": {"settings": cfg.to_dict(), "conventions": conventions(cfg), **extra, "sessions": []},
             }
         self.session = {
             "session": len(self.meta["rl"]["sessions"]),
@@ -402,6 +415,7 @@ def remove_stale_temporaries(out: Path) -> list[str]:
 def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
     """Run (or resume) the RL job ``cfg``; returns this process's session record."""
     argv = list(sys.argv if argv is None else argv)
+    cfg = resolve_defaults(cfg)  # VIME's defaults for this algorithm, model and device, recorded so
     out = Path(cfg.output)
     apply_env_vars(cfg.train_env_vars)
     alg = get_algorithm(cfg.algorithm)
@@ -427,6 +441,7 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
         import json
 
         meta = json.loads(record.path.read_text(encoding="utf-8"))["rl"]
+        check_conventions(meta.get("conventions"), cfg)  # a run from before them first: the clearest reason
         check_resume(meta["settings"], cfg)
         changed = [f"{k}: run has {meta.get(k)!r}, now {v!r}" for k, v in extra.items() if meta.get(k) != v]
         if changed:
@@ -455,9 +470,18 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
     tok = rldata.tokenizer_for(
         None if cfg.model_spec.startswith(TINY_PREFIX) else cfg.model_spec, actor_m.config.vocab_size
     )
+    # before the cursor counts rows: resume and the seeds' sample indices refer to the kept rows
+    rows, dropped = rldata.drop_long_prompts(rows, tok, cfg.max_prompt_tokens, cfg.long_prompts, data_path)
     engine = make_engine(cfg, provider, tok, model_rev, engine_rev)  # refuses what it cannot serve
     record.start(cfg, argv, extra)
     session = record.session
+    if dropped:
+        lines = [r.line for r in dropped]
+        record.event("dropped_long_prompts", count=len(dropped), first_lines=lines[:10],
+                     max_prompt_tokens=cfg.max_prompt_tokens)
+        print(f"rl: left out {len(dropped)} of {len(rows) + len(dropped)} prompts longer than "
+              f"{cfg.max_prompt_tokens} tokens ({data_path} lines {', '.join(map(str, lines[:10]))}"
+              f"{', ...' if len(lines) > 10 else ''}); --long-prompts truncate keeps them", flush=True)
     stale = remove_stale_temporaries(out)
     if stale:
         record.event("removed_stale_temporaries", paths=stale)
@@ -471,6 +495,7 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
         loss_scale=cfg.loss_scale,
         micro_batch=n_seq,
         recompute=cfg.recompute,
+        grad_clip=cfg.grad_clip,
     )
     actor = ModelTrainer(actor_m, lr=cfg.lr, **trainer_args)
     critic = ModelTrainer(critic_m, lr=cfg.critic_lr or cfg.lr, **trainer_args) if critic_m is not None else None
@@ -556,7 +581,9 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
                 ptoks = rldata.encode_prompt(tok, row.prompt, cfg.max_prompt_tokens)
                 for j in range(cfg.completions_per_prompt):
                     prompts.append(ptoks)
-                    seeds.append(request_seed(cfg.seed, update, abs_idx, j))
+                    # VIME's rollout_id = update - 1 and sample index = (rollout_id * prompts + i) *
+                    # completions + j, which is abs_idx * completions + j: the cursor moves by whole updates
+                    seeds.append(request_seed(cfg.seed, update - 1, abs_idx * cfg.completions_per_prompt + j))
                     groups.append(i)
                     meta_rows.append((abs_idx, row, j))
             record.event("rollout", update=update, version=engine.version)

@@ -78,8 +78,10 @@ class ModelTrainer:
         loss_scale: float,
         micro_batch: int,
         recompute: bool,
+        grad_clip: float = 0.0,
     ) -> None:
         self.backend = backend
+        self.grad_clip = grad_clip
         self.precision = precision
         module.gradient_checkpointing = recompute
         params = [p for p in module.parameters() if p.requires_grad]
@@ -96,7 +98,8 @@ class ModelTrainer:
                 "gradient_accumulation_steps": 1,
                 "zero_optimization": {"stage": 0},
                 "zero_allow_untested_optimizer": True,
-                "gradient_clipping": 0.0,
+                # global-norm clip of the unscaled gradients before the step (0: none)
+                "gradient_clipping": float(grad_clip),
                 "steps_per_print": 1 << 30,
                 "wall_clock_breakdown": False,
             }
@@ -137,7 +140,7 @@ class ModelTrainer:
             loss.backward()
 
     def grad_norm(self) -> float:
-        """L2 norm of the (unscaled) gradients now held; call between backward and step."""
+        """L2 norm of the (unscaled) gradients now held, before any clipping; call between backward and step."""
         scale = self.loss_scale() or 1.0
         total = 0.0
         for p in self.module.parameters():
@@ -149,6 +152,8 @@ class ModelTrainer:
         if self.backend == "deepspeed":
             self.engine.step()  # optimizer step, scheduler step, zero_grad
         else:
+            if self.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip)
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,78 @@
+"""A run with no convention flags records VIME's choices (run.json) and acts on them: completions per
+prompt, precision, long prompts left out before the cursor counts rows, a refused resume of a run
+recorded under other conventions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hobson.rl.config import CONVENTIONS_VERSION, RLConfig, resolve_defaults
+from jobs.rl import main
+
+FAST = ["--max-new-tokens", "3", "--updates", "1", "--device", "cpu", "--trainer", "torch"]
+
+
+@pytest.mark.parametrize(("alg", "completions"), [("ppo", 1), ("grpo", 4), ("dppo", 1), ("flow-dppo", 1)])
+def test_defaults_are_vimes_and_recorded(tmp_path: Path, alg: str, completions: int) -> None:
+    out = tmp_path / alg
+    assert main(["--algorithm", alg, "--output", str(out), *FAST]) == 0
+    rl = json.loads((out / "run.json").read_text())["rl"]
+    s, c = rl["settings"], rl["conventions"]
+    assert (s["completions_per_prompt"], s["precision"]) == (completions, "fp32")
+    assert (s["loss_aggregation"], s["gae_masked"], s["long_prompts"], s["grad_clip"]) == (
+        "sample-mean", "span", "drop", 1.0)
+    assert c["version"] == CONVENTIONS_VERSION and c["completions_per_prompt"] == completions
+    assert c["latent_seed"].startswith("blake2b") and c["kl_metric"] == "k1"
+    rollouts = [json.loads(x) for x in (out / "rollouts" / "update-000001.jsonl").read_text().splitlines()]
+    assert len(rollouts) == 4 * completions  # 4 prompts per update
+    assert sorted({r["completion_index"] for r in rollouts}) == list(range(completions))
+    steps = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["steps"]
+    assert len(steps) == (2 if alg == "flow-dppo" else 1) and all("grad_norm" in st for st in steps)
+
+
+def test_huginn_defaults_to_fp16_on_cuda_only() -> None:
+    assert resolve_defaults(RLConfig(device="cuda:0")).precision == "fp16"
+    assert resolve_defaults(RLConfig(device="cpu")).precision == "fp32"
+    assert resolve_defaults(RLConfig(model="tiny:nanbeige", device="cuda:0")).precision == "fp32"
+    assert resolve_defaults(RLConfig(device="cuda:0", precision="fp32")).precision == "fp32"
+
+
+def test_long_prompts_are_left_out_before_the_cursor(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    data = tmp_path / "data.jsonl"
+    rows = [{"prompt": "x" * (200 if i in (1, 4) else 10) + f" {i}", "label": "1"} for i in range(6)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run"
+    assert main(["--output", str(out), "--data", str(data), "--algorithm", "ppo", *FAST]) == 0
+    assert "left out 2 of 6 prompts longer than 128 tokens" in capsys.readouterr().out
+    rl = json.loads((out / "run.json").read_text())["rl"]
+    event = next(e for e in rl["sessions"][0]["events"] if e["event"] == "dropped_long_prompts")
+    assert (event["count"], event["first_lines"]) == (2, [2, 5])
+    lines = [json.loads(x)["data_line"] for x in (out / "rollouts" / "update-000001.jsonl").read_text().splitlines()]
+    assert lines == [1, 3, 4, 6]  # the cursor counts the kept rows
+    kept = tmp_path / "trunc"
+    assert main(["--output", str(kept), "--data", str(data), "--algorithm", "ppo", "--long-prompts", "truncate",
+                 *FAST]) == 0
+    lines = [json.loads(x)["data_line"] for x in (kept / "rollouts" / "update-000001.jsonl").read_text().splitlines()]
+    assert lines == [1, 2, 3, 4]
+    assert main(["--output", str(tmp_path / "none"), "--data", str(data), "--max-prompt-tokens", "5", *FAST]) == 1
+    err = capsys.readouterr().err
+    assert f"{data}:1: every one of the 6 prompts is longer than max_prompt_tokens (5 tokens)" in err
+    assert "--long-prompts truncate" in err
+
+
+def test_resume_of_a_run_under_other_conventions_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "run"
+    args = ["--output", str(out), "--algorithm", "ppo", *FAST[:-6], "--updates", "2", *FAST[-4:]]
+    assert main([*args, "--stop-after", "1"]) == 0
+    meta = json.loads((out / "run.json").read_text())
+    meta["rl"]["conventions"]["value_loss"] = "half squared"
+    (out / "run.json").write_text(json.dumps(meta))
+    assert main([*args, "--resume"]) == 1
+    assert "value_loss: run has 'half squared'" in capsys.readouterr().err
+    del meta["rl"]["conventions"]  # a run of hobson before conventions were recorded
+    (out / "run.json").write_text(json.dumps(meta))
+    assert main([*args, "--resume"]) == 1
+    assert "recorded before conventions were recorded (version 1" in capsys.readouterr().err

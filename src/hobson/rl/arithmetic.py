@@ -1,0 +1,208 @@
+"""Arithmetic prompts of the shipped kind and supervised start checkpoints for the tiny looped models.
+
+RL from a random tiny model learns nothing under the ``math`` reward (it never answers), so the
+learning bench (``bench/rl_learning.py``) and its CI test start each tiny model (Huginn-shaped,
+Nanbeige-shaped) from a checkpoint trained supervised on arithmetic prompts, built in code and
+cached like the embedded teacher (:mod:`hobson.tinymodel`):
+
+- :func:`split`: every ``What is a op b? Answer with \\boxed{}.`` for ``a, b < OPERANDS`` and
+  ``op`` in ``+ -``, split by a fixed shuffle into training and held-out rows that share no
+  (operands, operator);
+- :func:`ensure_start_checkpoint`: ``SFT_STEPS`` AdamW steps of teacher forcing on the training
+  rows' answers (``\\boxed{<value>}`` then end of text), exported as a model directory that
+  ``python -m jobs.rl --model DIR`` loads. The model learns the answer format fully and the
+  arithmetic only partly, which leaves RL room to raise the reward.
+
+Deterministic: the same torch version on the same CPU builds the same bytes. A cached directory
+carries a card with the recipe; one built by another recipe is rebuilt, never reused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hobson.io import write_json_atomic, write_text_atomic
+from hobson.models import get_provider, tiny_config
+from hobson.models.huginn import initial_state
+from hobson.rl.config import RLConfig
+from hobson.rl.data import ByteTokenizer
+from hobson.rl.engine import is_recurrent_depth
+
+OPERANDS = 20
+OPS = ("+", "-")
+HELD_OUT = 200  # (a, op, b) keys left out of training
+SPLIT_SEED = 0
+SFT = {"steps": 400, "batch": 32, "lr": 3e-3, "seed": 1, "latent_pool": 64, "block_size": 128}
+RECIPE_VERSION = 1
+CARD = "hobson_start.json"
+
+
+def prompt(a: int, op: str, b: int) -> str:
+    return f"What is {a} {op} {b}? Answer with \\boxed{{}}."
+
+
+def answer(a: int, op: str, b: int) -> str:
+    return str(a + b if op == "+" else a - b)
+
+
+def split() -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """``(train, held_out)`` rows ``{"prompt", "label"}``; no (a, op, b) is in both."""
+    keys = [(a, op, b) for a in range(OPERANDS) for op in OPS for b in range(OPERANDS)]
+    random.Random(SPLIT_SEED).shuffle(keys)
+    rows = [{"prompt": prompt(*k), "label": answer(*k)} for k in keys]
+    return rows[HELD_OUT:], rows[:HELD_OUT]
+
+
+def write_split(out_dir: str | os.PathLike) -> tuple[Path, Path]:
+    """``train.jsonl`` and ``held_out.jsonl`` in ``out_dir``."""
+    out = Path(out_dir)
+    paths = []
+    for name, rows in zip(("train.jsonl", "held_out.jsonl"), split(), strict=True):
+        write_text_atomic(out / name, "".join(json.dumps(r) + "\n" for r in rows))
+        paths.append(out / name)
+    return paths[0], paths[1]
+
+
+def _card(kind: str) -> dict[str, Any]:
+    return {"kind": f"hobson-rl-start:{kind}", "recipe_version": RECIPE_VERSION, "operands": OPERANDS,
+            "ops": list(OPS), "held_out": HELD_OUT, "split_seed": SPLIT_SEED, "sft": SFT,
+            "torch": torch.__version__}
+
+
+def _batch(rows: list[dict[str, str]], tok: ByteTokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    seqs, spans = [], []
+    for r in rows:
+        p = tok.encode(r["prompt"])
+        c = tok.encode(f"\\boxed{{{r['label']}}}") + [tok.eos_id]
+        seqs.append(p + c)
+        spans.append((len(p) - 1, len(p) - 1 + len(c)))  # logits at t score token t + 1
+    L = max(map(len, seqs))
+    ids = torch.full((len(rows), L), tok.pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), L - 1)
+    for i, (s, (a, b)) in enumerate(zip(seqs, spans, strict=True)):
+        ids[i, : len(s)] = torch.tensor(s)
+        mask[i, a:b] = 1
+    return ids, mask
+
+
+def train_start_model(kind: str, echo: Any = print) -> tuple[Any, torch.nn.Module]:
+    """``(provider, model)``: the tiny ``kind`` model after the supervised steps of :data:`SFT`."""
+    tok = ByteTokenizer()
+    train, _ = split()
+    mcfg = tiny_config(kind, **({"block_size": SFT["block_size"]} if kind == "huginn_raven" else {}))
+    provider = get_provider(mcfg)
+    model = provider.build_actor(mcfg, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=SFT["lr"], weight_decay=0.0)
+    g = random.Random(SFT["seed"])
+    recurrent = is_recurrent_depth(model)
+    if recurrent:
+        # Huginn's initial states for a fixed pool of seeds, drawn once (the reference derivation
+        # costs a CPU generator per position): the model learns to answer under that noise
+        pool = list(range(SFT["latent_pool"]))
+        pool_states = initial_state(pool, torch.arange(SFT["block_size"]).expand(len(pool), -1), mcfg.n_embd)
+    model.train()
+    for step in range(1, SFT["steps"] + 1):
+        ids, mask = _batch([train[g.randrange(len(train))] for _ in range(SFT["batch"])], tok)
+        kw: dict[str, Any] = {}
+        if recurrent:
+            rows = [g.randrange(len(pool)) for _ in range(ids.shape[0])]
+            kw = {"latent_state": pool_states[rows, : ids.shape[1]],
+                  "num_steps_no_grad": 0, "num_steps_with_grad": mcfg.mean_recurrence}
+        logits = model(ids, **kw)[:, :-1]
+        lp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        loss = -(lp * mask).sum() / mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 100 == 0 or step == SFT["steps"]:
+            echo(f"rl start checkpoint {kind}: step {step}/{SFT['steps']} loss {loss.item():.4f}")
+    model.eval()
+    return provider, model
+
+
+def ensure_start_checkpoint(kind: str, cache_dir: str | os.PathLike, echo: Any = print) -> Path:
+    """Build (once) and return ``cache_dir/<kind>``: the supervised start checkpoint of ``kind``.
+
+    Built into a temporary sibling and renamed into place (a concurrent builder's copy is
+    discarded); a directory with another recipe's card is replaced.
+    """
+    target = Path(cache_dir) / kind
+    card = _card(kind)
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads((target / CARD).read_text(encoding="utf-8")) == card:
+            return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{kind}.", suffix=".tmp", dir=target.parent))
+    try:
+        provider, model = train_start_model(kind, echo)
+        provider.export(model, tmp)
+        write_json_atomic(tmp / CARD, card)  # written last: a directory with its card is whole
+        os.chmod(tmp, 0o755)
+        if target.exists():
+            shutil.rmtree(target)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not target.exists():
+                raise
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(tmp)
+    return target
+
+
+# ---------------------------------------------------------------------------------------------
+# One learning trial: a start checkpoint, an RL run on the training rows, held-out before/after
+
+# Per model, the same for all four algorithms (each algorithm's own keys at their defaults, so
+# GRPO samples 4 completions per prompt and the others 1). Chosen on this 2-core CPU.
+LEARNING = {
+    "nanbeige": {"updates": 30, "prompts_per_update": 64, "optimizer": "AdamW", "lr": 1e-4},
+    "huginn_raven": {"updates": 30, "prompts_per_update": 64, "optimizer": "AdamW", "lr": 1e-4},
+}
+LEARNING_COMMON = {"seed": 42, "max_new_tokens": 12, "temperature": 0.8, "reward": "math", "device": "cpu",
+                   "trainer": "torch"}
+
+
+def learning_config(kind: str, algorithm: str, start: Path, train: Path, out: Path,
+                    overrides: dict[str, Any] | None = None) -> RLConfig:
+    """The settings of one trial (``python -m jobs.rl`` with these as flags runs the same)."""
+    settings = {**LEARNING_COMMON, **LEARNING[kind], **(overrides or {})}
+    return RLConfig(algorithm=algorithm, model=str(start), data=str(train), output=str(out), **settings)
+
+
+def learning_trial(kind: str, algorithm: str, root: str | os.PathLike, *, curve_every: int = 10,
+                   overrides: dict[str, Any] | None = None, echo: Any = print) -> dict[str, Any]:
+    """Run one (model, algorithm) pair from its start checkpoint; returns before/after held-out
+    accuracy, the sign test on the prompts whose greedy outcome changed, and the curve."""
+    import time
+
+    from hobson.rl.evaluate import evaluate, sign_test
+    from hobson.rl.loop import run
+
+    root = Path(root)
+    start = ensure_start_checkpoint(kind, root / "start", echo)
+    train, held = write_split(root / "data")
+    out = root / f"{kind}-{algorithm}"
+    if out.exists():
+        shutil.rmtree(out)
+    updates = int({**LEARNING[kind], **(overrides or {})}["updates"])
+    t0 = time.perf_counter()
+    run(learning_config(kind, algorithm, start, train, out, overrides), ["hobson.rl.arithmetic", kind, algorithm])
+    rl_s = time.perf_counter() - t0
+    versions = sorted({0, updates, *range(0, updates, curve_every)})
+    res = evaluate(out, held, versions=versions, echo=echo)
+    up, down, p = sign_test(res[0].correct, res[-1].correct)
+    return {"model": kind, "algorithm": algorithm, "before": res[0].accuracy, "after": res[-1].accuracy,
+            "reward_before": res[0].reward_mean, "reward_after": res[-1].reward_mean, "boxed_before": res[0].boxed,
+            "improved": up, "regressed": down, "p": p, "rl_seconds": rl_s, "curve": res, "run": str(out)}

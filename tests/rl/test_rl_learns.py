@@ -1,0 +1,55 @@
+"""The RL raises held-out reward: a tiny looped model, started from its supervised arithmetic
+checkpoint, answers more held-out prompts correctly after RL, by an exact one-sided sign test on
+the prompts whose greedy outcome changed (the four algorithms x two models: bench/rl_learning.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hobson.rl import arithmetic
+from hobson.rl.evaluate import evaluate, sign_test, write_report
+
+
+def test_split_shares_no_operands_and_operator() -> None:
+    train, held = arithmetic.split()
+    assert len(held) == arithmetic.HELD_OUT and len(train) + len(held) == arithmetic.OPERANDS**2 * len(arithmetic.OPS)
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in held}
+    assert held[0]["prompt"].startswith("What is ") and held[0]["prompt"].endswith("Answer with \\boxed{}.")
+
+
+def test_sign_test_is_exact() -> None:
+    assert sign_test([0, 0, 0, 1], [1, 1, 1, 1]) == (3, 0, 0.125)
+    up, down, p = sign_test([0] * 10 + [1] * 2, [1] * 10 + [0] * 2)
+    assert (up, down) == (10, 2) and p == pytest.approx(79 / 4096)  # P(X >= 10), X ~ Bin(12, 1/2)
+
+
+@pytest.fixture(scope="module")
+def trial(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    # GRPO on the Nanbeige-shaped model: 16 prompts x 4 completions, 20 updates (~15 s of RL)
+    root = tmp_path_factory.mktemp("learn")
+    return arithmetic.learning_trial("nanbeige", "grpo", root, curve_every=20, echo=lambda s: None,
+                                     overrides={"prompts_per_update": 16, "updates": 20})
+
+
+def test_start_checkpoint_answers_in_the_format_with_room_to_learn(trial: dict) -> None:
+    assert trial["boxed_before"] >= 0.95
+    assert 0.05 <= trial["reward_before"] <= 0.6
+
+
+def test_grpo_improves_held_out_accuracy(trial: dict, tmp_path: Path) -> None:
+    assert trial["after"] > trial["before"]
+    assert trial["p"] < 0.01, trial
+    # the user's command on the same run: one JSON and one PNG, the same numbers
+    from jobs.rl_eval import main
+
+    held = Path(trial["run"]).parent / "data" / "held_out.jsonl"
+    assert main([trial["run"], "--data", str(held), "--versions", "0", "20", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "rl_eval.json").read_text())["versions"]
+    assert [r["accuracy"] for r in rows] == [trial["before"], trial["after"]]
+    assert (tmp_path / "rl_eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    again = evaluate(trial["run"], held, versions=[20], echo=lambda s: None)
+    assert again[0].correct == json.loads((tmp_path / "rl_eval.json").read_text())["versions"][1]["correct"]
+    write_report(again, tmp_path / "one")

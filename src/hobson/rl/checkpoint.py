@@ -43,12 +43,31 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from hobson.errors import StageError
+from hobson.io import sha256_file
 
 _NAME = re.compile(r"^update-(\d{6})$")
+MANIFEST = "manifest.json"
+# state.pt's "format": 2 since checkpoints carry a manifest; none: written before (loaded with a warning)
+FORMAT = 2
+
+
+class CheckpointCorrupt(StageError):
+    """A checkpoint's bytes differ from its manifest, or a part of it is missing or unreadable."""
 
 
 def checkpoint_dir(output: str | os.PathLike, update: int) -> Path:
     return Path(output) / "checkpoints" / f"update-{update:06d}"
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a corrupt checkpoint to ``<name>.corrupt`` (kept for inspection; never listed again)."""
+    target = path.with_name(path.name + ".corrupt")
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.corrupt{n}")
+    os.replace(path, target)
+    return target
 
 
 def list_checkpoints(output: str | os.PathLike) -> list[int]:
@@ -194,10 +213,14 @@ def write(output: str | os.PathLike, update: int, snap: Snapshot) -> Path:
         if snap.critic is not None:
             save_file(host(snap.critic), str(tmp / "critic.safetensors"))
         with _without_crc32():
-            torch.save(snap.state, tmp / "state.pt")
-        for p in tmp.iterdir():
+            torch.save({**snap.state, "format": FORMAT}, tmp / "state.pt")
+        files = {}
+        for p in sorted(tmp.iterdir()):
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
+            # hashed right after writing, from the page cache: what a resume verifies
+            files[p.name] = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+        _write_manifest(tmp / MANIFEST, {"format": FORMAT, "update": update, "files": files})
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -205,6 +228,51 @@ def write(output: str | os.PathLike, update: int, snap: Snapshot) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def _write_manifest(path: Path, manifest: dict[str, Any]) -> None:
+    import json
+
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def verify_checkpoint(path: str | os.PathLike) -> list[str]:
+    """Check every file of checkpoint ``path`` against its manifest; returns warnings (a checkpoint
+    from before manifests); raises :class:`CheckpointCorrupt` naming the file and why."""
+    import json
+
+    path = Path(path)
+    man_path = path / MANIFEST
+    if not (path / "state.pt").is_file():
+        raise CheckpointCorrupt(f"{path}: incomplete, no state.pt")
+    if not man_path.is_file():
+        try:
+            fmt = torch.load(path / "state.pt", weights_only=False, map_location="cpu").get("format")
+        except Exception as e:  # noqa: BLE001 (any unreadable pickle is a corrupt file)
+            raise CheckpointCorrupt(f"{path / 'state.pt'}: unreadable ({type(e).__name__}: {e})") from None
+        if fmt is not None:
+            raise CheckpointCorrupt(f"{path}: incomplete, no {MANIFEST} (it is written last)")
+        return [f"{path}: written before checkpoints had manifests; loaded without verifying its bytes"]
+    try:
+        manifest = json.loads(man_path.read_text(encoding="utf-8"))
+        files = manifest["files"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointCorrupt(f"{man_path}: unreadable manifest ({e})") from None
+    for name, want in sorted(files.items()):
+        f = path / name
+        if not f.is_file():
+            raise CheckpointCorrupt(f"{f}: missing (the manifest lists it)")
+        size = f.stat().st_size
+        if size != want["bytes"]:
+            raise CheckpointCorrupt(f"{f}: {size} bytes, the manifest says {want['bytes']} (truncated or extended)")
+        digest = sha256_file(f)
+        if digest != want["sha256"]:
+            raise CheckpointCorrupt(f"{f}: sha256 {digest[:16]}..., the manifest says {want['sha256'][:16]}... "
+                                    "(the bytes changed after it was written)")
+    return []
 
 
 def save_checkpoint(
@@ -282,7 +350,10 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     if not (path / "state.pt").exists():
         raise StageError(f"{path}: not a checkpoint (no state.pt)")
+    for warning in verify_checkpoint(path):
+        print(f"rl: warning: {warning}", flush=True)
     out = torch.load(path / "state.pt", weights_only=False)
+    out.pop("format", None)
     if "actor_publication" in out:
         from hobson.rl.publication import read_verified
 

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from hobson import faults
-from hobson.errors import ConfigError, StageError
+from hobson.errors import ConfigError, DigestMismatch, StageError
 from hobson.io import atomic_write, dumps_row, read_jsonl, write_json_atomic
 from hobson.models import get_provider, tiny_config
 from hobson.models.common import read_config
@@ -396,6 +396,32 @@ class RunRecord:
         write_json_atomic(self.path, self.meta)
 
 
+def _newest_intact_checkpoint(out: Path, done: list[int]) -> tuple[int, dict[str, Any] | None, list[dict[str, Any]]]:
+    """``(update, loaded state, set-aside events)`` of the newest checkpoint whose bytes verify.
+
+    A corrupt or incomplete one (or one whose actor publication fails its digest) is renamed
+    ``*.corrupt``, kept for inspection, and the next older one is tried; because a resume is
+    exact, the run still ends with the uninterrupted result. None left intact is an error.
+    """
+    events = []
+    for update in reversed(done):
+        path = ckpt.checkpoint_dir(out, update)
+        try:
+            return update, ckpt.load_checkpoint(path), events
+        except (ckpt.CheckpointCorrupt, DigestMismatch, publication.PublicationError) as e:
+            aside = ckpt.set_aside(path)
+            print(f"rl: checkpoint {path.name} is not intact: {e}; kept as {aside.name}, trying an older one",
+                  flush=True)
+            events.append({"update": update, "reason": str(e), "kept_as": str(aside.relative_to(out))})
+    if events:
+        raise StageError(
+            f"--resume: no intact checkpoint left in {out / 'checkpoints'} (set aside: "
+            f"{', '.join(e['kept_as'] for e in events)}); start the run again in a new --output "
+            "(or keep more checkpoints: --keep-checkpoints)"
+        )
+    return 0, None, events
+
+
 def remove_stale_temporaries(out: Path) -> list[str]:
     """Remove the temporary publication and checkpoint directories a killed process left behind.
 
@@ -434,7 +460,7 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
 
     # ---- resume checks come before anything is written
     record = RunRecord(out)
-    start = 0
+    start, resume_state, set_aside = 0, None, []
     if cfg.resume:
         if not record.path.exists():
             raise StageError(f"--resume: {record.path} is missing (nothing to resume)")
@@ -450,7 +476,7 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
             )
         done = ckpt.list_checkpoints(out)
         # no checkpoint yet (stopped during update 1): start over in the same directory
-        start = done[-1] if done else 0
+        start, resume_state, set_aside = _newest_intact_checkpoint(out, done)
         if start >= cfg.updates:
             raise StageError(f"--resume: the run already finished all {cfg.updates} updates")
     elif (out / "run.json").exists():
@@ -475,6 +501,8 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
     engine = make_engine(cfg, provider, tok, model_rev, engine_rev)  # refuses what it cannot serve
     record.start(cfg, argv, extra)
     session = record.session
+    for event in set_aside:
+        record.event("checkpoint_corrupt", **event)
     if dropped:
         lines = [r.line for r in dropped]
         record.event("dropped_long_prompts", count=len(dropped), first_lines=lines[:10],
@@ -542,7 +570,7 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
         metrics.keep_until(start)  # rows past the checkpoint are recomputed
     if start:
         path = ckpt.checkpoint_dir(out, start)
-        state = ckpt.load_checkpoint(path)
+        state = resume_state
         ckpt.load_weights(actor.module, state["actor"], f"{path}/actor.safetensors")
         actor.load_state_dict(state["actor_trainer"])
         if critic is not None:

@@ -167,9 +167,16 @@ def publish(
                     "(a resumed run must republish exactly what it checkpointed)"
                 )
             if (final / INDEX_FILE).exists():
-                return old
-            # its weights were pruned (keep_publications) before the run stopped: write them again,
-            # under the recorded manifest, so the engine can load the version the resume restores
+                try:  # a resume's republish: the bytes on disk must still be the recorded ones
+                    intact = tensors_digest(read_tensors(final)) == old.digest
+                except Exception:  # noqa: BLE001 (unreadable is not intact)
+                    intact = False
+                if intact:
+                    return old
+                print(f"rl: warning: {final}: its files no longer give digest {old.digest[:16]}...; "
+                      "writing the same weights again", flush=True)
+            # its weights were pruned (keep_publications) or damaged on disk before the run stopped:
+            # write them again, under the recorded manifest, so the engine can load that version
             write_json_atomic(tmp / MANIFEST, old.to_dict())
             _fsync_dir_files(tmp)
             pruned = final.with_name(f".{final.name}.pruned")

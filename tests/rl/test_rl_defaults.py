@@ -76,3 +76,14 @@ def test_resume_of_a_run_under_other_conventions_is_refused(tmp_path: Path, caps
     (out / "run.json").write_text(json.dumps(meta))
     assert main([*args, "--resume"]) == 1
     assert "recorded before conventions were recorded (version 1" in capsys.readouterr().err
+
+
+def test_missing_data_and_bad_eval_paths_are_one_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from jobs.rl_eval import main as rl_eval
+
+    missing = tmp_path / "missing.jsonl"
+    assert main(["--output", str(tmp_path / "run"), "--data", str(missing), *FAST]) == 1
+    assert f"{missing}: no such file" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+    assert rl_eval([str(tmp_path / "nothing"), "--data", str(missing)]) == 1
+    assert "neither a publication (no manifest.json) nor an RL run" in capsys.readouterr().err

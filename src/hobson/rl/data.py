@@ -31,6 +31,8 @@ class PromptRow:
 
 def load_prompts(path: str | os.PathLike) -> list[PromptRow]:
     """Every row of ``path``; a malformed row raises ``DataError("file:line: ...")``."""
+    if not Path(path).is_file():
+        raise DataError(f"{path}: no such file (the RL data is a JSONL of string 'prompt' and 'label' per row)")
     rows = []
     for lineno, obj in iter_jsonl(path):
         if not isinstance(obj, dict):

@@ -77,7 +77,9 @@ def evaluate(
     path = Path(path)
     pubs = _publications(path)
     if versions is not None:
-        pubs = [p for p in pubs if publication.verify(p)[0].version in set(versions)]
+        pubs = [p for p in pubs if publication.Manifest.read(p).version in set(versions)]
+        if not pubs:
+            raise DataError(f"{path}: none of versions {versions} has a publication with its weights")
     settings = _settings(path)
     reward_fn = get_reward(reward or settings.get("reward", "math"))
     max_new = max_new_tokens or settings.get("max_new_tokens", 48)

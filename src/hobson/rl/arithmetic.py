@@ -44,6 +44,19 @@ SPLIT_SEED = 0
 SFT = {"steps": 400, "batch": 32, "lr": 3e-3, "seed": 1, "latent_pool": 64, "block_size": 128}
 RECIPE_VERSION = 1
 CARD = "hobson_start.json"
+# intra-op reductions split by thread count, and 400 steps amplify the last bits: the start
+# checkpoint and the learning trials always run on this many threads, whatever the caller set
+THREADS = 2
+
+
+@contextlib.contextmanager
+def _threads(n: int = THREADS) -> Any:
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def prompt(a: int, op: str, b: int) -> str:
@@ -75,7 +88,7 @@ def write_split(out_dir: str | os.PathLike) -> tuple[Path, Path]:
 def _card(kind: str) -> dict[str, Any]:
     return {"kind": f"hobson-rl-start:{kind}", "recipe_version": RECIPE_VERSION, "operands": OPERANDS,
             "ops": list(OPS), "held_out": HELD_OUT, "split_seed": SPLIT_SEED, "sft": SFT,
-            "torch": torch.__version__}
+            "torch": torch.__version__, "threads": THREADS}
 
 
 def _batch(rows: list[dict[str, str]], tok: ByteTokenizer) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,7 +157,8 @@ def ensure_start_checkpoint(kind: str, cache_dir: str | os.PathLike, echo: Any =
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{kind}.", suffix=".tmp", dir=target.parent))
     try:
-        provider, model = train_start_model(kind, echo)
+        with _threads():
+            provider, model = train_start_model(kind, echo)
         provider.export(model, tmp)
         write_json_atomic(tmp / CARD, card)  # written last: a directory with its card is whole
         os.chmod(tmp, 0o755)
@@ -198,10 +212,11 @@ def learning_trial(kind: str, algorithm: str, root: str | os.PathLike, *, curve_
         shutil.rmtree(out)
     updates = int({**LEARNING[kind], **(overrides or {})}["updates"])
     t0 = time.perf_counter()
-    run(learning_config(kind, algorithm, start, train, out, overrides), ["hobson.rl.arithmetic", kind, algorithm])
-    rl_s = time.perf_counter() - t0
-    versions = sorted({0, updates, *range(0, updates, curve_every)})
-    res = evaluate(out, held, versions=versions, echo=echo)
+    with _threads():
+        run(learning_config(kind, algorithm, start, train, out, overrides), ["hobson.rl.arithmetic", kind, algorithm])
+        rl_s = time.perf_counter() - t0
+        versions = sorted({0, updates, *range(0, updates, curve_every)})
+        res = evaluate(out, held, versions=versions, echo=echo)
     up, down, p = sign_test(res[0].correct, res[-1].correct)
     return {"model": kind, "algorithm": algorithm, "before": res[0].accuracy, "after": res[-1].accuracy,
             "reward_before": res[0].reward_mean, "reward_after": res[-1].reward_mean, "boxed_before": res[0].boxed,

@@ -27,9 +27,24 @@ class Resources:
     nodes: int = 1
 
 
+@dataclass(frozen=True)
+class Component:
+    """One part of a job that runs as its own process(es) with its own resources: a recipe
+    stage is one component; an RL run is ``training`` plus ``rollout`` (a heterogeneous Slurm
+    job, or both on one node when the job is ``colocated``)."""
+
+    name: str
+    tasks: int
+    resources: Resources
+
+
 @dataclass
 class JobSpec:
-    """One submission: a single job, or an array whose task k runs shard ``shards[k]``."""
+    """One submission: a single job, or an array whose task k runs shard ``shards[k]``.
+
+    ``components`` is empty for a one-component job (``resources`` are its per-task
+    resources); a job of several components lists each, ``resources`` then being the first's.
+    """
 
     name: str  # unique within a plan, e.g. "teacher" or "teacher-merge"
     stage: str  # the user-facing stage it belongs to
@@ -43,6 +58,8 @@ class JobSpec:
     num_shards: int | None = None
     throttle: int | None = None
     launcher: str = "python"  # or "torchrun" (multi-GPU training stages)
+    components: list[Component] = field(default_factory=list)
+    colocated: bool = False  # several components on one node (clusters without heterogeneous jobs)
 
     @property
     def is_array(self) -> bool:
@@ -387,3 +404,23 @@ def _toposort(jobs: list[JobSpec]) -> list[JobSpec]:
         out.append(ready[0])
         done.add(ready[0].name)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the RL job
+
+RL_TRAINING, RL_ROLLOUT = "training", "rollout"
+
+
+def rl_job(job_args: list[str], outputs: list[str], *, train_gpus: int = 1, rollout_gpus: int = 1,
+           colocated: bool = False) -> JobSpec:
+    """The RL run as one job of two components: ``training`` (one task on ``train_gpus``) and
+    ``rollout`` (one task, the rollout server, on ``rollout_gpus``). Backends that run both in
+    one process (local, the AWS host) start the training component, whose engine then runs in
+    process; Slurm runs them as one heterogeneous job (or one node when ``colocated``)."""
+    train = Resources(gpus=max(train_gpus, 1), cpus=8, mem_gb=40, time="24:00:00")
+    rollout = Resources(gpus=max(rollout_gpus, 1), cpus=8, mem_gb=40, time="24:00:00")
+    return JobSpec(name="rl", stage="rl", job="rl", job_args=list(job_args), inputs=[], outputs=outputs,
+                   resources=Resources(gpus=train.gpus, cpus=2, mem_gb=48, time="24:00:00"),
+                   components=[Component(RL_TRAINING, 1, train), Component(RL_ROLLOUT, 1, rollout)],
+                   colocated=colocated)

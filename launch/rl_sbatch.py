@@ -159,20 +159,18 @@ def script_for_profile(rl_args: Sequence[str], profile: ClusterProfile, log: str
 
 
 def submit_script(script: str, paths: RunPaths) -> str:
-    """Submit ``script`` through submitit's executor (as the Slurm backend does), record the
-    submission in the run record, and return the job id."""
+    """Submit ``script`` the way the Slurm backend submits every job, record the submission in the
+    run record, and return the job id (for scripts rendered outside a launch, e.g. in tests)."""
     from hobson.errors import HobsonError
     from hobson.records import read_run_json, utc_now, write_run_json
-    from launch.backends.slurm import _executor_class, _scrubbed_os_environ
+    from launch.backends.slurm import sbatch
 
     (paths.run_dir / "slurm").mkdir(parents=True, exist_ok=True)
     paths.logs_dir.mkdir(parents=True, exist_ok=True)
-    executor = _executor_class()(folder=paths.run_dir / "slurm")
-    with _scrubbed_os_environ():
-        try:
-            sj = executor._submit_command(script)
-        except Exception as e:  # submitit raises its own types; quote sbatch's answer
-            raise HobsonError(f"sbatch refused the rl job: {e}") from None
+    try:
+        sj = sbatch(script, paths.run_dir / "slurm")
+    except Exception as e:  # submitit raises its own types; quote sbatch's answer
+        raise HobsonError(f"sbatch refused the rl job: {e}") from None
     meta = read_run_json(paths)
     meta.setdefault("submissions", []).append(
         {"job": "rl", "backend": "slurm", "job_id": sj.job_id, "attempt": utc_now(),

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 from hobson.records import RunPaths, latest_records, read_run_json, read_stage_records
 from hobson.shards import parse_spec
-from launch.backends.local import LocalBackend
-from launch.backends.slurm import SlurmBackend
+from launch.backends.base import Backend
 
 
 @dataclass
@@ -41,40 +40,42 @@ def _latest_submissions(meta: dict) -> dict[str, list[dict]]:
     return out
 
 
-def collect(paths: RunPaths) -> tuple[str, list[Row]]:
+def collect(paths: RunPaths, backend: Backend) -> tuple[str, list[Row]]:
     meta = read_run_json(paths)
     latest = latest_records(read_stage_records(paths))
-    backend = meta.get("backend", "local")
-    source, sched = ("record", {})
-    if backend == "slurm":
-        source, sched = SlurmBackend.query(SlurmBackend.job_ids(meta))
-    alive = backend == "local" and LocalBackend.launcher_alive(meta)
+    poll = backend.poll(meta)
+    sched = poll.states
     rows: list[Row] = []
     for name, subs in _latest_submissions(meta).items():
-        units: list[tuple[str, int | None, str | None]] = []  # (job id, shard, slurm key)
+        # (shown name, job id, shard, scheduler key, record name)
+        units: list[tuple[str, str, int | None, str, str | None]] = []
         for sub in subs:
             jid = sub.get("job_id", "-")
             if "shards" in sub:
                 for k, shard in enumerate(parse_spec(sub["shards"])):
-                    units.append((jid, shard, f"{jid}_{k}"))
+                    units.append((name, jid, shard, f"{jid}_{k}", name))
+            elif sub.get("components") and not sub.get("colocated"):
+                # one heterogeneous job: component k is <id>+k; the first one's process records the job
+                for k, comp in enumerate(sub["components"]):
+                    units.append((f"{name} {comp}", f"{jid}+{k}", None, f"{jid}+{k}", name if k == 0 else None))
             else:
-                units.append((jid, None, jid))
-        for jid, shard, key in units:
-            rec = latest.get((name, shard))
+                units.append((name, jid, None, jid, name))
+        for shown, jid, shard, key, rec_name in units:
+            rec = latest.get((rec_name, shard)) if rec_name else None
             st = sched.get(key) or _pending_array_row(sched, jid)
             if st and st["state"] not in ("COMPLETED",):
                 state = st["state"]
             elif rec:
                 state = rec["status"]
-            elif backend == "local":
-                state = "running" if alive else "not run"
+            elif st:
+                state = st["state"]
             else:
-                state = st["state"] if st else "unknown"
+                state = poll.unrecorded
             outs = (rec or {}).get("outputs") or [{}]
             first = outs[0]
             wall = f"{rec['wall_s']:.1f}s" if rec and rec.get("wall_s") is not None else (st or {}).get("elapsed", "-")
             rows.append(Row(
-                job=name, job_id=jid or "-", shard="-" if shard is None else str(shard), state=state,
+                job=shown, job_id=jid or "-", shard="-" if shard is None else str(shard), state=state,
                 wall=wall or "-", node=(st or {}).get("node") or (rec or {}).get("host") or "-",
                 exit=str((rec or {}).get("exit_code", (st or {}).get("exit", "-"))),
                 rows="-" if first.get("rows") is None else str(first["rows"]),
@@ -85,7 +86,7 @@ def collect(paths: RunPaths) -> tuple[str, list[Row]]:
                 rows.append(Row(job="", job_id="", shard="", state="", wall="", node="", exit="",
                                 rows="-" if o.get("rows") is None else str(o["rows"]),
                                 sha256=(o.get("sha256") or "-")[:12], path=o.get("path", "")))
-    return source, rows
+    return poll.source, rows
 
 
 def _pending_array_row(sched: dict, jid: str) -> dict | None:
@@ -96,9 +97,9 @@ def _pending_array_row(sched: dict, jid: str) -> dict | None:
     return None
 
 
-def render(paths: RunPaths, all_shards: bool = False) -> str:
+def render(paths: RunPaths, backend: Backend, all_shards: bool = False) -> str:
     meta = read_run_json(paths)
-    source, rows = collect(paths)
+    source, rows = collect(paths, backend)
     git = meta.get("git", {})
     lines = [f"run {meta['run_id']}  backend {meta['backend']}  created {meta['created_utc']}  "
              f"git {(git.get('revision') or '-')[:12]}{' (dirty)' if git.get('dirty') else ''}  state from {source}"]

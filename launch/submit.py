@@ -12,9 +12,9 @@ command after `recipe` re-attaches to a run from those files alone.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 _REPO = Path(__file__).resolve().parents[1]
@@ -26,6 +26,7 @@ from hobson.config import config_digest, load_config  # noqa: E402
 from hobson.errors import HobsonError  # noqa: E402
 from hobson.io import sha256_file  # noqa: E402
 from hobson.records import (  # noqa: E402
+    REPO_ROOT,  # noqa: E402
     RunPaths,
     new_run_id,
     new_run_json,
@@ -33,17 +34,11 @@ from hobson.records import (  # noqa: E402
     read_stage_records,
     write_run_json,
 )
-from launch import dag, status  # noqa: E402
-from launch.backends.base import job_progress, recorded_absence  # noqa: E402
-from launch.backends.local import LocalBackend  # noqa: E402
-from launch.backends.slurm import SlurmBackend  # noqa: E402
+from launch import backends, dag, status  # noqa: E402
+from launch.backends.base import Backend, BackendOptions, Launch, job_progress, recorded_absence  # noqa: E402
 from launch.options import DEFAULT_CLUSTER, DEFAULT_RECIPE, ClusterProfile, RecipeConfig  # noqa: E402
 
-BACKENDS = ("local", "slurm", "aws")
-
-
-def default_backend() -> str:
-    return "slurm" if shutil.which("sbatch") else "local"
+BACKENDS = backends.NAMES
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,28 +82,53 @@ def _load_recipe(args: argparse.Namespace) -> tuple[RecipeConfig, ClusterProfile
     return cfg, prof, digests
 
 
+def _backend_options(args: argparse.Namespace) -> BackendOptions:
+    return BackendOptions(ngpu=args.ngpu, cluster=str(args.cluster), partition=args.partition, account=args.account,
+                          aws_config=str(args.aws_config) if getattr(args, "aws_config", None) else None,
+                          allow_dirty=getattr(args, "allow_dirty", False), detach=getattr(args, "detach", False))
+
+
+def recipe_argv(args: argparse.Namespace, repo: Path = REPO_ROOT) -> list[str]:
+    """The ``submit.py recipe`` argv the host runs, from the launcher's parsed arguments.
+
+    Config files travel inside the code archive, so they must lie in the repository.
+    """
+    argv = ["recipe", *args.stages, "--ngpu", str(args.ngpu)]
+    cfg = Path(args.config).resolve()
+    try:
+        argv += ["--config", cfg.relative_to(repo.resolve()).as_posix()]
+    except ValueError:
+        raise HobsonError(f"--config {args.config} is outside the repository; the host gets only the "
+                          "committed code: put it under configs/ and commit it") from None
+    for flag, value in (("--seed", args.seed), ("--scale", args.scale), ("--teacher", args.teacher),
+                        ("--train-config", getattr(args, "train_config", None)),
+                        ("--parent-config", getattr(args, "parent_config", None)),
+                        ("--ckpt", getattr(args, "ckpt", None)), ("--torso", getattr(args, "torso", None))):
+        if value is not None:
+            argv += [flag, str(value)]
+    if getattr(args, "seeds", None):
+        argv += ["--seeds", *map(str, args.seeds)]
+    return argv
+
+
+
+
 def cmd_recipe(args: argparse.Namespace) -> int:
+    return _launch_recipe(args, backends.create(args.backend, _backend_options(args)))
+
+
+def _launch_recipe(args: argparse.Namespace, backend: Backend, retry: bool = False) -> int:
     cfg, prof, digests = _load_recipe(args)
-    backend = args.backend or default_backend()
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / new_run_id()
     paths = RunPaths.create(run_dir, args.logs_dir)
     ctx = dag.PlanContext(run_dir=str(paths.run_dir), ngpu=args.ngpu, config=cfg,
                           seed=cfg.corpus.seed, expected_rows=_expected_rows(cfg))
     absent = recorded_absence(paths) if paths.run_json.exists() else (lambda rel: "no named stage produces it")
     jobs = dag.plan(args.stages, ctx, absent)
+    launch = Launch(paths, jobs, host_argv=lambda: recipe_argv(args))
 
     if args.dry_run:
-        if backend == "slurm":
-            print(SlurmBackend(prof, args.ngpu).dry_run(jobs, paths))
-        elif backend == "aws":
-            from launch.backends.aws import AwsBackend, recipe_argv  # needs boto3 (the [aws] extra)
-
-            aws = AwsBackend(args.aws_config, args.ngpu, allow_dirty=args.allow_dirty)
-            print(aws.dry_run(recipe_argv(args), paths))
-        else:
-            for j in jobs:
-                arr = f" [array {len(j.shards)} tasks, {j.throttle} at once]" if j.is_array else ""
-                print(f"# {j.name}{arr} after: {', '.join(j.after) or '-'}\n{j.command(str(paths.run_dir))}")
+        print(backend.dry_run(launch))
         print(f"# dry run: {len(jobs)} jobs, nothing submitted", file=sys.stderr)
         return 0
 
@@ -120,27 +140,15 @@ def cmd_recipe(args: argparse.Namespace) -> int:
                "ckpt": cfg.decider.init_from, "torso": cfg.decider.torso, "seeds": cfg.decider.seeds}
     if paths.run_json.exists():
         meta = read_run_json(paths)
-        meta.setdefault("invocations", []).append({"command": sys.argv, "options": options, "backend": backend})
-        meta["backend"] = backend  # the latest invocation's backend answers status and cancel
+        meta.setdefault("invocations", []).append({"command": sys.argv, "options": options, "backend": backend.name})
     else:
-        meta = new_run_json(paths, argv=sys.argv, backend=backend, options=options, config_digests=digests)
-    write_run_json(paths, meta)
-    print(f"run {paths.run_dir.name}: {len(jobs)} jobs on the {backend} backend; record in {paths.run_dir}")
-
-    if backend == "local":
-        code = LocalBackend(args.ngpu).run(jobs, paths)
-    elif backend == "slurm":
-        ids = SlurmBackend(prof, args.ngpu).submit(jobs, paths)
-        print(f"submitted {sum(len(v) for v in ids.values())} Slurm jobs for run {paths.run_dir.name}: "
-              + ", ".join(f"{k}={'+'.join(v)}" for k, v in ids.items()))
-        print(f"  status : python launch/submit.py status {paths.run_dir}")
-        return 0
-    else:
-        from launch.backends.aws import AwsBackend, recipe_argv
-
-        code = AwsBackend(args.aws_config, args.ngpu, allow_dirty=args.allow_dirty,
-                          follow=not args.detach).run(recipe_argv(args), paths)
-    _print_where(paths, jobs, code)
+        meta = new_run_json(paths, argv=sys.argv, backend=backend.name, options=options, config_digests=digests)
+    # the latest invocation's backend answers status, logs, cancel and retry
+    write_run_json(paths, backends.record(meta, backend))
+    print(f"run {paths.run_dir.name}: {len(jobs)} jobs on the {backend.name} backend; record in {paths.run_dir}")
+    code = backend.retry(launch) if retry else backend.launch(launch)
+    if backend.waits:
+        _print_where(paths, jobs, code)
     return code
 
 
@@ -172,73 +180,52 @@ def _print_where(paths: RunPaths, jobs: list[dag.JobSpec], code: int) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     paths = RunPaths.attach(args.run)
-    if read_run_json(paths).get("backend") == "aws":  # mirror the host's record from S3 first
-        from launch.backends.aws import AwsBackend
-
-        print(AwsBackend.for_run(paths).status(paths))
-    print(status.render(paths, all_shards=args.shards))
+    backend = backends.for_run(paths)
+    said = backend.status(paths)  # a remote backend mirrors the host's record first
+    if said:
+        print(said)
+    print(status.render(paths, backend, all_shards=args.shards))
     return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
     paths = RunPaths.attach(args.run)
-    if read_run_json(paths).get("backend") == "aws":  # read from the S3 mirror (saved into the logs dir too)
-        from launch.backends.aws import AwsBackend
-
-        sys.stdout.write(AwsBackend.for_run(paths).logs(paths, args.stage, args.task))
-        return 0
-    if args.stage is None:
-        for p in sorted(paths.logs_dir.glob("*.log")):
-            print(p)
-        return 0
-    log = paths.log(args.stage, args.task)
-    if not log.exists():
-        raise HobsonError(f"no log {log}; logs of this run: "
-                          + ", ".join(p.name for p in sorted(paths.logs_dir.glob('*.log'))))
-    with open(log, errors="replace") as f:
-        sys.stdout.write(f.read())
-        while args.follow:
-            line = f.readline()
-            if line:
-                sys.stdout.write(line)
-                sys.stdout.flush()
-            else:
-                time.sleep(0.5)
+    sys.stdout.write(backends.for_run(paths).logs(paths, args.stage, args.task))
+    sys.stdout.flush()
+    if args.follow and args.stage is not None:  # the log lies in the logs dir (remote ones are mirrored there)
+        with open(paths.log(args.stage, args.task), errors="replace") as f:
+            f.seek(0, 2)
+            while True:
+                line = f.readline()
+                if line:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+                else:
+                    time.sleep(0.5)
     return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     paths = RunPaths.attach(args.run)
-    meta = read_run_json(paths)
-    if meta["backend"] == "local":
-        print(LocalBackend.cancel(paths))
-        return 0
-    if meta["backend"] == "slurm":
-        prof = load_config(meta["options"]["cluster"], ClusterProfile)
-        print(SlurmBackend(prof, meta["options"]["ngpu"]).cancel(paths))
-        return 0
-    if meta["backend"] == "aws":
-        from launch.backends.aws import AwsBackend
-
-        print(AwsBackend.for_run(paths).cancel(paths))
-        return 0
-    raise HobsonError(f"cancel is not available for the {meta['backend']} backend yet")
+    print(backends.for_run(paths).cancel(paths))
+    return 0
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
-    """Re-plan the run's stages; finished jobs and shards are skipped by their recorded digests."""
+    """Re-plan the run's jobs and launch what did not finish (finished jobs and shards are skipped
+    by their recorded digests), on the backend the run last used."""
     paths = RunPaths.attach(args.run)
     meta = read_run_json(paths)
-    if meta["backend"] == "aws":  # a new host holds none of the finished outputs: nothing to skip there
-        raise HobsonError("retry is not available for aws runs; run `recipe` again (or locally with the "
-                          "fetched outputs: --backend local --run-dir " + str(paths.run_dir) + ")")
+    backend = backends.for_run(paths)
+    if "rl" in (meta.get("options") or {}):
+        return _launch_rl(_rl_launch_from_record(paths, meta), backend, retry=True, dry_run=args.dry_run)
     opts = meta["options"]
     ns = argparse.Namespace(
         stages=opts["stages"], ngpu=opts["ngpu"], config=Path(opts["config"]), cluster=Path(opts["cluster"]),
         partition=opts.get("partition"), account=opts.get("account"), scale=opts.get("scale"),
         seed=opts.get("seed"), teacher=opts.get("teacher"), train_config=opts.get("train_config"),
         parent_config=opts.get("parent_config"), ckpt=opts.get("ckpt"), torso=opts.get("torso"),
-        seeds=opts.get("seeds"), backend=meta["backend"], run_dir=str(paths.run_dir),
+        seeds=opts.get("seeds"), run_dir=str(paths.run_dir),
         logs_dir=str(paths.logs_dir.parent), dry_run=args.dry_run,
     )
     cfg, _, _ = _load_recipe(ns)
@@ -250,17 +237,18 @@ def cmd_retry(args: argparse.Namespace) -> int:
     print(f"retry {paths.run_dir.name}: " + (", ".join(todo) if todo else "nothing left to run"))
     if not todo:
         return 0
-    return cmd_recipe(ns)
+    return _launch_recipe(ns, backend, retry=True)
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    """AWS runs: copy the run record, logs and outputs the host mirrored to S3 into the run directory."""
+    """Remote runs: copy the run record, logs and outputs the host mirrored into the run directory."""
     paths = RunPaths.attach(args.run)
-    if read_run_json(paths).get("backend") != "aws":
-        raise HobsonError("fetch is for runs on the aws backend; this run's outputs are already local")
-    from launch.backends.aws import AwsBackend
-
-    files = AwsBackend.for_run(paths).fetch(paths)
+    backend = backends.for_run(paths)
+    fetch = getattr(backend, "fetch", None)
+    if fetch is None:
+        raise HobsonError(f"fetch is for runs whose outputs live on a remote host (the aws backend); this run's "
+                          f"({backend.name}) are already local")
+    files = fetch(paths)
     print(f"fetched {len(files)} files into {paths.run_dir} and {paths.logs_dir}")
     return 0
 
@@ -415,6 +403,37 @@ on --ngpu GPUs, component 1 serves rollouts on --rollout-gpus GPUs; --dry-run pr
 disable heterogeneous jobs)."""
 
 
+@dataclass
+class _RLRun:
+    """An RL launch as the record keeps it (``retry`` rebuilds it from run.json alone)."""
+
+    paths: RunPaths
+    rl_args: list[str]  # python -m jobs.rl flags
+    outputs: list[str]
+    ngpu: int = 1
+    rollout_gpus: int = 1
+    colocated: bool = False
+    cluster: str = str(DEFAULT_CLUSTER)
+    host_argv: list[str] = field(default_factory=list)
+
+    def job(self, retry: bool) -> dag.JobSpec:
+        args = list(self.rl_args)
+        out = _flag_value(args, "--output")
+        if retry and "--resume" not in args and out and (Path(out) / "run.json").exists():
+            args.append("--resume")  # continue from the newest intact checkpoint, bit for bit
+        return dag.rl_job(args, self.outputs, train_gpus=self.ngpu, rollout_gpus=self.rollout_gpus,
+                          colocated=self.colocated)
+
+
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
 def cmd_rl(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python launch/submit.py rl", usage=RL_USAGE, add_help=False)
     p.add_argument("--backend", choices=BACKENDS, default=None)
@@ -435,51 +454,43 @@ def cmd_rl(argv: list[str]) -> int:
     if args.help:
         print(RL_USAGE)
         return 0
-    backend = args.backend or default_backend()
+    backend = backends.create(args.backend, _backend_options(args))
     paths = RunPaths.create(Path(args.run_dir) if args.run_dir else Path("runs") / new_run_id(), args.logs_dir)
     outputs = []
     if "--output" not in rest:  # the RL run lives inside the launcher's run directory, its metrics recorded
         rest += ["--output", str(paths.run_dir / "rl")]
         outputs = ["rl/metrics.jsonl"]
-    job = dag.JobSpec(name="rl", stage="rl", job="rl", job_args=rest, inputs=[], outputs=outputs,
-                      resources=dag.Resources(gpus=max(args.ngpu, 1), cpus=2, mem_gb=48, time="24:00:00"))
-    prof = load_config(args.cluster, ClusterProfile)
-    prof.partition = args.partition or prof.partition
-    prof.account = args.account or prof.account
-    if backend == "slurm":
-        from launch.rl_sbatch import script_for_profile
+    host = ["rl", "--ngpu", str(args.ngpu), *[a for a in argv if a not in ("--detach", "--allow-dirty")]]
+    run = _RLRun(paths, rest, outputs, max(args.ngpu, 1), args.rollout_gpus, args.colocated, str(args.cluster), host)
+    return _launch_rl(run, backend, retry=False, dry_run=args.dry_run)
 
-        script = script_for_profile(rest, prof, str(paths.log("rl")), colocated=args.colocated,
-                                    train_gpus=max(args.ngpu, 1), rollout_gpus=args.rollout_gpus)
-    if args.dry_run:
-        if backend == "slurm":
-            print(script)
-        else:
-            print(job.command(str(paths.run_dir)))
+
+def _rl_launch_from_record(paths: RunPaths, meta: dict) -> _RLRun:
+    o = meta["options"]
+    return _RLRun(paths, list(o["rl"]), list(o.get("outputs", ["rl/metrics.jsonl"])), int(o.get("ngpu", 1)),
+                  int(o.get("rollout_gpus", 1)), bool(o.get("colocated", False)),
+                  o.get("cluster", str(DEFAULT_CLUSTER)), list(o.get("host_argv", [])))
+
+
+def _launch_rl(run: _RLRun, backend: Backend, *, retry: bool, dry_run: bool) -> int:
+    paths = run.paths
+    launch = Launch(paths, [run.job(retry)], host_argv=lambda: run.host_argv)
+    if dry_run:
+        print(backend.dry_run(launch))
         return 0
-    if backend == "aws":
-        from launch.backends.aws import AwsBackend
-
-        host_argv = ["rl", "--ngpu", str(args.ngpu), *[a for a in argv if a not in ("--detach", "--allow-dirty")]]
-        paths.run_dir.mkdir(parents=True, exist_ok=True)
-        write_run_json(paths, new_run_json(paths, argv=sys.argv, backend="aws", options={"rl": rest},
-                                           config_digests={}))
-        return AwsBackend(args.aws_config, args.ngpu, allow_dirty=args.allow_dirty,
-                          follow=not args.detach).run(host_argv, paths)
     paths.run_dir.mkdir(parents=True, exist_ok=True)
-    if not paths.run_json.exists():
-        write_run_json(paths, new_run_json(paths, argv=sys.argv, backend=backend,
-                                           options={"rl": rest, "ngpu": args.ngpu, "cluster": str(args.cluster)},
-                                           config_digests={}))
-    print(f"run {paths.run_dir.name}: rl on the {backend} backend; record in {paths.run_dir}")
-    if backend == "slurm":
-        from launch.rl_sbatch import submit_script
-
-        job_id = submit_script(script, paths)
-        print(f"submitted Slurm job {job_id}; status: python launch/submit.py status {paths.run_dir}")
-        return 0
-    code = LocalBackend(args.ngpu).run([job], paths)
-    print(f"{'finished' if code == 0 else f'stopped (exit {code})'}: logs in {paths.log('rl')}")
+    options = {"rl": run.rl_args, "outputs": run.outputs, "ngpu": run.ngpu, "rollout_gpus": run.rollout_gpus,
+               "colocated": run.colocated, "cluster": run.cluster, "host_argv": run.host_argv}
+    if paths.run_json.exists():
+        meta = read_run_json(paths)
+        meta.setdefault("invocations", []).append({"command": sys.argv, "options": options, "backend": backend.name})
+    else:
+        meta = new_run_json(paths, argv=sys.argv, backend=backend.name, options=options, config_digests={})
+    write_run_json(paths, backends.record(meta, backend))
+    print(f"run {paths.run_dir.name}: rl on the {backend.name} backend; record in {paths.run_dir}")
+    code = backend.retry(launch) if retry else backend.launch(launch)
+    if backend.waits:
+        print(f"{'finished' if code == 0 else f'stopped (exit {code})'}: logs in {paths.log('rl')}")
     return code
 
 

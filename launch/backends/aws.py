@@ -9,7 +9,6 @@ run's logs directory, and at the end (or on ``fetch``) every output, so ``verify
 
 from __future__ import annotations
 
-import argparse
 import io
 import os
 import time
@@ -23,29 +22,7 @@ from aws.runner import RemoteRun, Runner, dry_run
 from hobson.config import load_config
 from hobson.errors import HobsonError
 from hobson.records import REPO_ROOT, RunPaths, read_run_json, write_run_json
-
-
-def recipe_argv(args: argparse.Namespace, repo: Path = REPO_ROOT) -> list[str]:
-    """The ``submit.py recipe`` argv the host runs, from the launcher's parsed arguments.
-
-    Config files travel inside the code archive, so they must lie in the repository.
-    """
-    argv = ["recipe", *args.stages, "--ngpu", str(args.ngpu)]
-    cfg = Path(args.config).resolve()
-    try:
-        argv += ["--config", cfg.relative_to(repo.resolve()).as_posix()]
-    except ValueError:
-        raise HobsonError(f"--config {args.config} is outside the repository; the host gets only the "
-                          "committed code: put it under configs/ and commit it") from None
-    for flag, value in (("--seed", args.seed), ("--scale", args.scale), ("--teacher", args.teacher),
-                        ("--train-config", getattr(args, "train_config", None)),
-                        ("--parent-config", getattr(args, "parent_config", None)),
-                        ("--ckpt", getattr(args, "ckpt", None)), ("--torso", getattr(args, "torso", None))):
-        if value is not None:
-            argv += [flag, str(value)]
-    if getattr(args, "seeds", None):
-        argv += ["--seeds", *map(str, args.seeds)]
-    return argv
+from launch.backends.base import BackendOptions, Launch, Poll
 
 
 class AwsBackend:
@@ -61,6 +38,45 @@ class AwsBackend:
         self.revision, self.allow_dirty, self.follow, self.repo = revision, allow_dirty, follow, Path(repo)
         self.echo = echo
         self.runner = Runner(self.cfg, clients, repo=self.repo, echo=echo, sleep=sleep)
+
+    @classmethod
+    def from_options(cls, options: BackendOptions) -> AwsBackend:
+        be = cls(options.aws_config if options.aws_config and Path(options.aws_config).exists() else None,
+                 options.ngpu, allow_dirty=options.allow_dirty, follow=not options.detach)
+        be.options = options
+        return be
+
+    @property
+    def waits(self) -> bool:
+        return self.follow  # detached: launch returns once the host started the run
+
+    @property
+    def options(self) -> BackendOptions:
+        return getattr(self, "_options", None) or BackendOptions(
+            ngpu=self.ngpu, aws_config=self.config_path, allow_dirty=self.allow_dirty, detach=not self.follow)
+
+    @options.setter
+    def options(self, value: BackendOptions) -> None:
+        self._options = value
+
+    # ----------------------------------------------------------------------------------------
+    # the Backend interface (status, logs and cancel below read the record mirrored to S3)
+
+    def launch(self, launch: Launch) -> int:
+        meta = read_run_json(launch.paths)
+        meta["host_argv"] = launch.host_argv()  # what retry reruns on a fresh host
+        write_run_json(launch.paths, meta)
+        return self.run(meta["host_argv"], launch.paths)
+
+    def retry(self, launch: Launch) -> int:
+        """A fresh host holds none of the finished outputs, so there is nothing to skip there: the
+        run's recorded command runs again from the start, on a new host, into the same record."""
+        argv = read_run_json(launch.paths).get("host_argv") or launch.host_argv()
+        launch.echo("[aws] retry: a new host has none of the finished outputs; the whole run starts again there")
+        return self.run(argv, launch.paths)
+
+    def poll(self, meta: dict) -> Poll:
+        return Poll("record")  # status() mirrored the host's record; it is the only source
 
     @classmethod
     def for_run(cls, paths: RunPaths, **kwargs) -> AwsBackend:
@@ -154,7 +170,8 @@ class AwsBackend:
         self._merge_host_record(paths, {"exit": None})
         return files
 
-    def dry_run(self, argv_for_remote: list[str], paths: RunPaths) -> str:
+    def dry_run(self, launch: Launch | list[str], paths: RunPaths | None = None) -> str:
+        argv_for_remote, paths = (launch.host_argv(), launch.paths) if isinstance(launch, Launch) else (launch, paths)
         buf = io.StringIO()
         dry_run(self.cfg, argv_for_remote, paths.run_dir.name, self.ngpu, repo=self.repo, revision=self.revision,
                 allow_dirty=self.allow_dirty, out=lambda s: buf.write(s + "\n"))

@@ -1,15 +1,103 @@
-"""What every backend shares: the job environment, what is already done, failure reports."""
+"""The Backend interface, and what every backend shares: the job environment, what is
+already done, failure reports, log files.
+
+A backend is chosen once, from the registry in :mod:`launch.backends` (by name for a new run,
+from the run record for an existing one); the launcher then calls only the :class:`Backend`
+methods below, so nothing outside ``launch/backends/`` knows which backend runs a run.
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar, Protocol
 
 from hobson.io import sha256_file
 from hobson.records import REPO_ROOT, RunPaths, latest_records, read_stage_records
 from launch.dag import JobSpec
+
+
+@dataclass
+class BackendOptions:
+    """How a run asked for its backend; recorded in run.json, so any later command rebuilds the
+    same backend from the record alone (:func:`launch.backends.for_run`)."""
+
+    ngpu: int = 1
+    cluster: str | None = None  # cluster profile YAML (slurm); None: configs/cluster/default.yaml
+    partition: str | None = None
+    account: str | None = None
+    aws_config: str | None = None  # configs/aws.yaml when None
+    allow_dirty: bool = False  # aws: ship uncommitted changes
+    detach: bool = False  # aws: return once the host started the run
+
+
+@dataclass
+class Launch:
+    """One launch of a run: its jobs in DAG order, and how to ask for them again elsewhere.
+
+    ``host_argv()`` is the ``submit.py`` command line a remote host reruns with its local
+    backend; a callable, because only a remote backend needs it and building it may refuse
+    (a config file outside the repository never reaches the host).
+    """
+
+    paths: RunPaths
+    jobs: list[JobSpec]
+    host_argv: Callable[[], list[str]] = field(default=lambda: [])
+    echo: Callable[[str], Any] = print
+
+
+@dataclass
+class Poll:
+    """What a backend's scheduler says about a run's jobs (see :mod:`launch.status`)."""
+
+    source: str  # where the states came from: "sacct+squeue", "record", ...
+    states: dict[str, dict[str, str]] = field(default_factory=dict)  # job id (or id_task, id+k) -> fields
+    unrecorded: str = "unknown"  # the state of a launched job that has no record yet
+
+
+class Backend(Protocol):
+    """What the launcher asks of every backend, for recipe and RL runs alike."""
+
+    name: ClassVar[str]
+    options: BackendOptions
+    waits: bool  # launch returns after the run ended (run here, or followed), not after submitting
+
+    def dry_run(self, launch: Launch) -> str:
+        """Exactly what :meth:`launch` would run or submit; runs and submits nothing."""
+
+    def launch(self, launch: Launch) -> int:
+        """Run (local, aws) or submit (slurm) every unfinished job; 0, or the failing exit code."""
+
+    def status(self, paths: RunPaths) -> str:
+        """Lines about where the run stands that the record alone cannot say ('' when none); a
+        remote backend mirrors the host's record into the run directory first."""
+
+    def poll(self, meta: dict) -> Poll:
+        """The scheduler's view of the run's recorded jobs, for the status table."""
+
+    def logs(self, paths: RunPaths, job: str | None = None, task: int | None = None) -> str:
+        """A job's log (one array task's with ``task``); no job: the run's log names, one per line."""
+
+    def cancel(self, paths: RunPaths) -> str:
+        """Stop the run's jobs; one line saying what was stopped."""
+
+    def retry(self, launch: Launch) -> int:
+        """Launch again what did not finish (finished jobs and shards are skipped by digest)."""
+
+
+def local_logs(paths: RunPaths, job: str | None = None, task: int | None = None) -> str:
+    """Logs in the run's logs directory (the local and Slurm backends write them there)."""
+    from hobson.errors import HobsonError
+
+    if job is None:
+        return "".join(f"{p}\n" for p in sorted(paths.logs_dir.glob("*.log")))
+    log = paths.log(job, task)
+    if not log.exists():
+        raise HobsonError(f"no log {log}; logs of this run: "
+                          + (", ".join(p.name for p in sorted(paths.logs_dir.glob("*.log"))) or "none yet"))
+    return log.read_text(errors="replace")
 
 # Variables a submitting Slurm job would leak into the jobs it submits (submitit's complaint):
 # a nested sbatch would otherwise inherit the outer allocation's ids and limits.

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from hobson.errors import StageError
 from hobson.records import REPO_ROOT, RunPaths, append_stage_record, read_run_json, utc_now, write_run_json
 from hobson.shards import format_spec
-from launch.backends.base import failure_report, job_environ, job_progress
+from launch.backends.base import BackendOptions, Launch, Poll, failure_report, job_environ, job_progress, local_logs
 from launch.dag import JobSpec
 
 
@@ -34,15 +34,46 @@ class _Task:
 
 class LocalBackend:
     name = "local"
+    waits = True
 
-    def __init__(self, ngpu: int) -> None:
+    def __init__(self, ngpu: int, options: BackendOptions | None = None) -> None:
         self.ngpu = max(ngpu, 1)
+        self.options = options or BackendOptions(ngpu=ngpu)
         self._running: list[_Task] = []
         self._cancelled = False
+
+    @classmethod
+    def from_options(cls, options: BackendOptions) -> LocalBackend:
+        return cls(options.ngpu, options)
 
     @staticmethod
     def available() -> int:
         return 1
+
+    # ----------------------------------------------------------------------------------------
+    # the Backend interface
+
+    def dry_run(self, launch: Launch) -> str:
+        lines = []
+        for j in launch.jobs:
+            arr = f" [array {len(j.shards)} tasks, {j.throttle} at once]" if j.is_array else ""
+            lines.append(f"# {j.name}{arr} after: {', '.join(j.after) or '-'}\n{j.command(str(launch.paths.run_dir))}")
+        return "\n".join(lines)
+
+    def launch(self, launch: Launch) -> int:
+        return self.run(launch.jobs, launch.paths, launch.echo)
+
+    def retry(self, launch: Launch) -> int:
+        return self.run(launch.jobs, launch.paths, launch.echo)  # finished work is skipped by digest
+
+    def status(self, paths: RunPaths) -> str:
+        return ""  # the record says it all: the launcher and its tasks write it
+
+    def logs(self, paths: RunPaths, job: str | None = None, task: int | None = None) -> str:
+        return local_logs(paths, job, task)
+
+    def poll(self, meta: dict) -> Poll:
+        return Poll("record", {}, "running" if self.launcher_alive(meta) else "not run")
 
     # ----------------------------------------------------------------------------------------
     def run(self, jobs: list[JobSpec], paths: RunPaths, echo=print) -> int:

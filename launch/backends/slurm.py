@@ -20,13 +20,14 @@ import shlex
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from hobson.errors import HobsonError
 from hobson.records import REPO_ROOT, RunPaths, read_run_json, utc_now, write_run_json
 from hobson.shards import format_spec
-from launch.backends.base import job_progress, scrubbed_environ
-from launch.dag import JobSpec
-from launch.options import ClusterProfile
+from launch.backends.base import BackendOptions, Launch, Poll, job_progress, local_logs, scrubbed_environ
+from launch.dag import RL_ROLLOUT, RL_TRAINING, JobSpec
+from launch.options import DEFAULT_CLUSTER, ClusterProfile
 from launch.sbatch import render_sbatch
 
 
@@ -43,6 +44,19 @@ def _executor_class():
             return 1
 
     return ScriptExecutor
+
+
+def sbatch(script: str, folder: Path) -> Any:
+    """Submit ``script`` byte for byte through submitit's executor (its sbatch call, job-id parsing
+    and job folder); returns submitit's job (``.job_id``, ``.paths.submission_file``).
+
+    The one place hobson reaches into submitit's private API: ``SlurmExecutor._submit_command``
+    is what its public ``submit`` calls after pickling a function, and hobson submits a script,
+    not a function. tests/launch/test_submitit_private_api.py fails if submitit changes it.
+    """
+    executor = _executor_class()(folder=folder)
+    with _scrubbed_os_environ():
+        return executor._submit_command(script)
 
 
 @contextlib.contextmanager
@@ -104,10 +118,45 @@ def max_array_size() -> int:
 
 class SlurmBackend:
     name = "slurm"
+    waits = False  # launch submits; status follows
 
-    def __init__(self, profile: ClusterProfile, ngpu: int) -> None:
+    def __init__(self, profile: ClusterProfile, ngpu: int, options: BackendOptions | None = None) -> None:
         self.profile = profile
         self.ngpu = ngpu
+        self.options = options or BackendOptions(ngpu=ngpu, partition=profile.partition, account=profile.account)
+
+    @classmethod
+    def from_options(cls, options: BackendOptions) -> SlurmBackend:
+        """The cluster profile YAML of ``options`` (validated), its partition and account overridden."""
+        from hobson.config import load_config
+
+        prof = load_config(options.cluster or DEFAULT_CLUSTER, ClusterProfile)
+        prof.partition = options.partition or prof.partition
+        prof.account = options.account or prof.account
+        return cls(prof, options.ngpu, options)
+
+    # ----------------------------------------------------------------------------------------
+    # the Backend interface
+
+    def launch(self, launch: Launch) -> int:
+        ids = self.submit(launch.jobs, launch.paths, launch.echo)
+        launch.echo(f"submitted {sum(len(v) for v in ids.values())} Slurm jobs for run {launch.paths.run_dir.name}: "
+                    + ", ".join(f"{k}={'+'.join(v)}" for k, v in ids.items()))
+        launch.echo(f"  status : python launch/submit.py status {launch.paths.run_dir}")
+        return 0
+
+    def retry(self, launch: Launch) -> int:
+        return self.launch(launch)  # submit skips finished jobs and shards by digest
+
+    def status(self, paths: RunPaths) -> str:
+        return ""  # status.render polls the scheduler for every recorded job id
+
+    def logs(self, paths: RunPaths, job: str | None = None, task: int | None = None) -> str:
+        return local_logs(paths, job, task)
+
+    def poll(self, meta: dict) -> Poll:
+        source, states = self.query(self.job_ids(meta))
+        return Poll(source, states)
 
     # ----------------------------------------------------------------------------------------
     # rendering
@@ -175,7 +224,30 @@ class SlurmBackend:
             setup=tuple(setup),
         )
 
-    def dry_run(self, jobs: list[JobSpec], paths: RunPaths) -> str:
+    def render_components(self, job: JobSpec, paths: RunPaths) -> str:
+        """The script of a job of several components (the RL run): one heterogeneous job, the
+        training component first (``+0``), the rollout component second (``+1``); ``colocated``
+        puts both on one node. The same job as ``sbatch/<algorithm>.sh``."""
+        from launch.rl_sbatch import script_for_profile
+
+        over = self.profile.stages.get(job.stage)  # the cluster profile's stage override, per component
+        res = {c.name: c.resources for c in job.components}
+        train, rollout = res[RL_TRAINING], res[RL_ROLLOUT]
+
+        def pick(field: str, r: object) -> object:
+            return getattr(over, field, None) or getattr(r, field)
+
+        return script_for_profile(
+            job.job_args, self.profile, str(paths.log(job.name)), colocated=job.colocated,
+            train_gpus=train.gpus, rollout_gpus=rollout.gpus, time=pick("time", train),
+            train_cpus=pick("cpus", train), rollout_cpus=pick("cpus", rollout),
+            train_mem=f"{pick('mem_gb', train)}G", rollout_mem=f"{pick('mem_gb', rollout)}G",
+        )
+
+    def dry_run(self, launch: Launch | list[JobSpec], paths: RunPaths | None = None) -> str:
+        jobs, paths = (launch.jobs, launch.paths) if isinstance(launch, Launch) else (launch, paths)
+        if len(jobs) == 1 and jobs[0].components:
+            return self.render_components(jobs[0], paths)
         parts = []
         for n, job in enumerate(jobs, 1):
             head = f"# ===== job {n}/{len(jobs)}: {job.name} (stage {job.stage})"
@@ -191,7 +263,6 @@ class SlurmBackend:
     def submit(self, jobs: list[JobSpec], paths: RunPaths, echo=print) -> dict[str, list[str]]:
         """Submit every unfinished job in DAG order; return ``{job name: [slurm job ids]}``."""
         (paths.run_dir / "slurm").mkdir(parents=True, exist_ok=True)
-        executor = _executor_class()(folder=paths.run_dir / "slurm")
         meta = read_run_json(paths)
         limit = max_array_size()
         attempt = utc_now()
@@ -206,23 +277,25 @@ class SlurmBackend:
             parts = [pending[i: i + limit] for i in range(0, len(pending), limit)] if job.is_array else [None]
             ids[job.name] = []
             for part in parts:
-                script = self.render(job, paths, ids, shards=part)
-                with _scrubbed_os_environ():
-                    try:
-                        sj = executor._submit_command(script)
-                    except Exception as e:  # submitit raises its own types; quote sbatch's answer
-                        # a chain with a missing link would only half run: take back what this call submitted
-                        submitted = [i for v in ids.values() for i in v]
-                        if submitted:
-                            _client(["scancel", *submitted], scrubbed_environ())
-                        raise HobsonError(f"sbatch refused job {job.name}: {e}"
-                                          + (f"\ncancelled the jobs already submitted: {', '.join(submitted)}"
-                                             if submitted else "")) from None
+                script = self.render_components(job, paths) if job.components else self.render(job, paths, ids, part)
+                try:
+                    sj = sbatch(script, paths.run_dir / "slurm")
+                except Exception as e:  # submitit raises its own types; quote sbatch's answer
+                    # a chain with a missing link would only half run: take back what this call submitted
+                    submitted = [i for v in ids.values() for i in v]
+                    if submitted:
+                        _client(["scancel", *submitted], scrubbed_environ())
+                    raise HobsonError(f"sbatch refused job {job.name}: {e}"
+                                      + (f"\ncancelled the jobs already submitted: {', '.join(submitted)}"
+                                         if submitted else "")) from None
                 ids[job.name].append(sj.job_id)
                 sub = {"job": job.name, "backend": "slurm", "job_id": sj.job_id, "attempt": attempt,
                        "script": str(sj.paths.submission_file)}
                 if part is not None:
                     sub.update(shards=format_spec(part), tasks=len(part))
+                if job.components:  # one Slurm job; its components are <id>+0, <id>+1 (one id when colocated)
+                    sub["components"] = [c.name for c in job.components]
+                    sub["colocated"] = job.colocated
                 meta.setdefault("submissions", []).append(sub)
                 write_run_json(paths, meta)
                 echo(f"[{job.name}] submitted job {sj.job_id}"

@@ -136,7 +136,7 @@ def test_runner_cli_dry_run(tmp_path):
 def test_config_dir_outside_repo_is_refused_for_remote_runs(tmp_path):
     import argparse
 
-    from launch.backends.aws import recipe_argv
+    from launch.submit import recipe_argv
 
     ns = argparse.Namespace(stages=["build"], ngpu=2, config=REPO / "configs" / "recipe.yaml", seed=3, scale=None,
                             teacher=None)

@@ -271,3 +271,55 @@ def test_each_algorithm_script_runs_one_update(slurm_jobs) -> None:
         settings = json.loads((run / "run.json").read_text())["rl"]["settings"]
         assert settings["algorithm"] == script[:-3].replace("_", "-")
         assert (run / "checkpoints" / "update-000001" / "state.pt").is_file()
+
+
+def test_rl_through_the_launcher_status_cancel_retry(slurm_jobs, reference: Path, tmp_path: Path) -> None:
+    """`submit.py rl --backend slurm` goes through the Slurm backend like a recipe run: one
+    heterogeneous job whose components status shows as "training" (+0) and "rollout" (+1);
+    `cancel` stops both while the trainer holds after checkpoint 1; `retry` resubmits it with
+    --resume and the result equals the uninterrupted run bit for bit."""
+    from tests.conftest import run_cli
+
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("stages: {rl: {cpus: 1, mem_gb: 2, time: '00:20:00'}}\n")
+    run_dir = slurm_jobs.workdir / "launched"
+    holds = slurm_jobs.workdir / "holds"
+    argv = ["rl", "--backend", "slurm", "--cluster", str(cluster), "--run-dir", str(run_dir), "--logs-dir",
+            str(slurm_jobs.workdir / "logs"), "--algorithm", "grpo", "--updates", str(UPDATES), "--device", "cpu",
+            "--engine-timeout", str(REQUEST_TIMEOUT), "--publish-timeout", str(REQUEST_TIMEOUT),
+            "--engine-ready-timeout", "120", *RL_ARGS.split()]
+    dry = run_cli(*argv, "--dry-run").stdout
+    assert "#SBATCH hetjob" in dry and "#SBATCH --cpus-per-task=1" in dry and "#SBATCH --mem=2G" in dry
+    env = {"THREADS": "1", **_hold(holds, "update-2")}
+    run_cli(*argv, env=env)
+    meta = json.loads((run_dir / "run.json").read_text())
+    (sub,) = meta["submissions"]
+    job = sub["job_id"]
+    slurm_jobs.submitted.append(job)
+    assert sub["components"] == ["training", "rollout"] and meta["backend"] == "slurm"
+    _wait_held(slurm_jobs, job, holds, "update-2")
+    status = run_cli("status", str(run_dir)).stdout
+    rows = {line.split()[1]: line for line in status.splitlines()[2:] if line.startswith("rl ")}
+    assert set(rows) == {"training", "rollout"}, status
+    assert f"{job}+0" in rows["training"] and f"{job}+1" in rows["rollout"], status
+    assert "RUNNING" in rows["training"] and "RUNNING" in rows["rollout"], status
+    assert "rl.log" in run_cli("logs", str(run_dir)).stdout
+    assert f"cancelled jobs {job}" in run_cli("cancel", str(run_dir)).stdout
+    faults.release(holds, "update-2")
+    slurm_jobs.wait(job, deadline_s=DEADLINE_S)
+    status = run_cli("status", str(run_dir)).stdout
+    assert "failed or cancelled: rl training, rl rollout" in status, status
+    assert not (run_dir / "rl" / "checkpoints" / "update-000002").exists()
+    run_cli("retry", str(run_dir), env={"THREADS": "1"})
+    last = json.loads((run_dir / "run.json").read_text())["submissions"][-1]
+    again = last["job_id"]
+    slurm_jobs.submitted.append(again)
+    assert again != job and "export RESUME=1" in Path(last["script"]).read_text()
+    rows = slurm_jobs.wait(again, deadline_s=DEADLINE_S)
+    log = slurm_jobs.workdir / "logs" / "launched" / "rl.log"
+    assert {r["State"] for r in rows} == {"COMPLETED"}, log.read_text() if log.exists() else "(no log)"
+    sessions = json.loads((run_dir / "rl" / "run.json").read_text())["rl"]["sessions"]
+    assert sessions[-1]["resumed_from"] == "checkpoints/update-000001"
+    _assert_same(reference, run_dir / "rl")
+    status = run_cli("status", str(run_dir)).stdout
+    assert "failed or cancelled" not in status, status

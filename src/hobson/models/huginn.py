@@ -275,6 +275,16 @@ def latent_vector(seed: int, position: int, n_embd: int) -> Tensor:
     return v * math.sqrt(n_embd)
 
 
+def latent_like(batch: int, length: int, n_embd: int, generator: torch.Generator) -> Tensor:
+    """``(batch, length, E)`` fp32 states with :func:`latent_vector`'s distribution, all drawn from
+    one ``generator``: noise for supervised training, where no trace replays it (rollouts and
+    their training forwards use :func:`initial_state`)."""
+    std = math.sqrt(2.0 / (5.0 * n_embd))
+    v = torch.empty(batch, length, n_embd, dtype=torch.float32)
+    nn.init.trunc_normal_(v, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=generator)
+    return v * math.sqrt(n_embd)
+
+
 def initial_state(seeds: Sequence[int], positions: Tensor, n_embd: int) -> Tensor:
     """``(B, T, E)`` fp32 CPU initial states: row ``b`` at position ``positions[b, t]`` from ``seeds[b]``.
 

@@ -32,7 +32,7 @@ import torch
 
 from hobson.io import write_json_atomic, write_text_atomic
 from hobson.models import get_provider, tiny_config
-from hobson.models.huginn import initial_state
+from hobson.models.huginn import latent_like
 from hobson.rl.config import RLConfig
 from hobson.rl.data import ByteTokenizer
 from hobson.rl.engine import is_recurrent_depth
@@ -41,8 +41,8 @@ OPERANDS = 20
 OPS = ("+", "-")
 HELD_OUT = 200  # (a, op, b) keys left out of training
 SPLIT_SEED = 0
-SFT = {"steps": 400, "batch": 32, "lr": 3e-3, "seed": 1, "latent_pool": 64, "block_size": 128}
-RECIPE_VERSION = 1
+SFT = {"steps": 400, "batch": 32, "lr": 3e-3, "seed": 1, "latent_noise": "fresh", "block_size": 128}
+RECIPE_VERSION = 2
 CARD = "hobson_start.json"
 # intra-op reductions split by thread count, and 400 steps amplify the last bits: the start
 # checkpoint and the learning trials always run on this many threads, whatever the caller set
@@ -117,18 +117,17 @@ def train_start_model(kind: str, echo: Any = print) -> tuple[Any, torch.nn.Modul
     opt = torch.optim.AdamW(model.parameters(), lr=SFT["lr"], weight_decay=0.0)
     g = random.Random(SFT["seed"])
     recurrent = is_recurrent_depth(model)
-    if recurrent:
-        # Huginn's initial states for a fixed pool of seeds, drawn once (the reference derivation
-        # costs a CPU generator per position): the model learns to answer under that noise
-        pool = list(range(SFT["latent_pool"]))
-        pool_states = initial_state(pool, torch.arange(SFT["block_size"]).expand(len(pool), -1), mcfg.n_embd)
+    # Huginn's initial states: fresh every step, from the latent profile's distribution but one
+    # seeded generator (the reference derivation costs a CPU generator per position). A fixed pool
+    # of states taught the model that pool: under the fresh noise of rollouts and evaluation its
+    # answers then flipped with the noise, and RL's gains did not carry to held-out prompts.
+    noise = torch.Generator().manual_seed(SFT["seed"])
     model.train()
     for step in range(1, SFT["steps"] + 1):
         ids, mask = _batch([train[g.randrange(len(train))] for _ in range(SFT["batch"])], tok)
         kw: dict[str, Any] = {}
         if recurrent:
-            rows = [g.randrange(len(pool)) for _ in range(ids.shape[0])]
-            kw = {"latent_state": pool_states[rows, : ids.shape[1]],
+            kw = {"latent_state": latent_like(ids.shape[0], ids.shape[1], mcfg.n_embd, noise),
                   "num_steps_no_grad": 0, "num_steps_with_grad": mcfg.mean_recurrence}
         logits = model(ids, **kw)[:, :-1]
         lp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)

@@ -38,8 +38,8 @@ from torch import Tensor, nn
 from hobson.errors import ConfigError
 from hobson.models.common import DTYPE_NAMES, StaticKVCache, fused_kernels
 from hobson.models.huginn import LATENT_PROFILE, HuginnConfig, initial_state, latent_check
+from hobson.models.logprobs import token_logprobs
 from hobson.rl import publication
-from hobson.rl.objectives import token_logprobs
 
 
 @dataclass

@@ -108,7 +108,7 @@ def vllm_generate(cfg, prompts, seeds, new_tokens, device) -> tuple[float, int]:
     serves Nanbeige itself through its out-of-tree model, see tests/rl/vllm_engine_checks.py)."""
     import vllm  # noqa: F401  (ImportError: no row)
 
-    from hobson.rl.hf_provider import HFCausalLMProvider
+    from hobson.models.hf import HFCausalLMProvider
     from hobson.rl.vllm_engine import VLLMEngine
 
     provider = HFCausalLMProvider()

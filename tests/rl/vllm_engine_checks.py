@@ -17,8 +17,8 @@ import torch
 import vllm  # noqa: F401  (no skip: this file only runs where vLLM is meant to be)
 
 from hobson.errors import ConfigError, DigestMismatch
+from hobson.models.hf import HFCausalLMProvider
 from hobson.rl import publication
-from hobson.rl.hf_provider import HFCausalLMProvider
 from hobson.rl.objectives import token_logprobs
 
 REPO = Path(__file__).resolve().parents[2]

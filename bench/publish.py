@@ -24,8 +24,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 from hobson.models import get_provider, tiny_config  # noqa: E402
-from hobson.rl import publication  # noqa: E402
-from hobson.rl.engine import NativeEngine  # noqa: E402
+from hobson.rollout import publication  # noqa: E402
+from hobson.rollout.engine import NativeEngine  # noqa: E402
 
 SIZES = {
     # ~0.4 GB fp32: big enough that disk and hashing dominate, small enough for a CPU box

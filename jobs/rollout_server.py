@@ -5,7 +5,7 @@
     python -m jobs.rollout_server --ping --address-file F
 
 Serving: binds a port, writes its address atomically to --address-file, serves ping / configure /
-load_publication / generate / shutdown (hobson.rl.server) until the trainer (python -m jobs.rl
+load_publication / generate / shutdown (hobson.rollout.server) until the trainer (python -m jobs.rl
 --engine-address-file F) sends shutdown. --wait: return once the address file exists and the
 server answers a real ping (not a sleep), failing after --timeout seconds or as soon as process
 --watch-pid has exited. --ping: one readiness request, exit 0 if answered.
@@ -45,12 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.wait or args.ping:
-            from hobson.rl.transport import wait_ready
+            from hobson.rollout.transport import wait_ready
 
             answer = wait_ready(args.address_file, args.timeout, None if args.ping else args.watch_pid)
             print(json.dumps({k: answer[k] for k in ("node", "pid", "configured", "version")}), flush=True)
             return 0
-        from hobson.rl.server import serve
+        from hobson.rollout.server import serve
 
         return serve(args.address_file, device=args.device, bind=args.bind, port=args.port, advertise=args.advertise)
     except HobsonError as e:

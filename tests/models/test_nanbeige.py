@@ -143,7 +143,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
 
 def test_fused_projections_keep_the_weights_and_the_outputs():
     """The engine's q/k/v and gate/up fusion: same parameters (as views of one matrix), same logits."""
-    from hobson.rl import publication
+    from hobson.rollout import publication
 
     m = _build()
     provider = get_provider(m.config)

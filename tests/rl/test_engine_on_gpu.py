@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from hobson.models import get_provider, tiny_config
-from hobson.rl import publication
-from hobson.rl.engine import NativeEngine
+from hobson.rollout import publication
+from hobson.rollout.engine import NativeEngine
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

@@ -20,13 +20,13 @@ from safetensors.torch import load_file, save_file
 from hobson.errors import ConfigError
 from hobson.io import sha256_file
 from hobson.models import CheckpointError, get_provider
+from hobson.models.hf import HFCausalLMProvider
 from hobson.rl import checkpoint as ckpt
-from hobson.rl import publication
-from hobson.rl.engine import NativeEngine, request_seed
-from hobson.rl.hf_provider import HFCausalLMProvider
 from hobson.rl.loop import build_batch
 from hobson.rl.objectives import token_logprobs
 from hobson.rl.verify_resume import compare_runs
+from hobson.rollout import publication
+from hobson.rollout.engine import NativeEngine, request_seed
 from tests.rl.resume_runs import COMMON, full_stop_resume
 
 PROVIDER = HFCausalLMProvider()

@@ -14,7 +14,7 @@ import torch
 from hobson.errors import DigestMismatch, StageError
 from hobson.models import PROVIDERS, tiny_config
 from hobson.rl import checkpoint as ckpt
-from hobson.rl import publication
+from hobson.rollout import publication
 
 
 def test_prune_publications_keeps_manifests(tmp_path: Path) -> None:
@@ -77,7 +77,7 @@ import os, signal, sys
 import torch
 from jobs.rl import exit_on_sigterm
 from hobson.models import PROVIDERS, tiny_config
-from hobson.rl import publication
+from hobson.rollout import publication
 
 exit_on_sigterm()
 provider = PROVIDERS["huginn_raven"]

@@ -11,12 +11,12 @@ from safetensors.torch import load_file, save_file
 
 from hobson.errors import ConfigError, DataError, DigestMismatch
 from hobson.models import CheckpointError, get_provider, tiny_config
-from hobson.rl import publication
 from hobson.rl.data import load_prompts
-from hobson.rl.engine import NativeEngine, request_seed
 from hobson.rl.loop import build_batch
 from hobson.rl.objectives import token_logprobs
 from hobson.rl.reward import get_reward
+from hobson.rollout import publication
+from hobson.rollout.engine import NativeEngine, request_seed
 from jobs.rl import main
 
 KINDS = ["huginn_raven", "nanbeige"]
@@ -59,7 +59,7 @@ def test_engine_and_trainer_logprobs_agree(tmp_path: Path, kind: str) -> None:
     else:
         assert outs[0].trace is None
     batch = build_batch(prompts, outs, [0.0] * 3, [0, 1, 2], seeds, pad_id=0)
-    from hobson.rl.engine import forward_kwargs
+    from hobson.rollout.engine import forward_kwargs
 
     with torch.no_grad():
         logits = actor(batch.ids, **forward_kwargs(actor, seeds, 0))[:, :-1]

@@ -17,7 +17,7 @@ from hobson.models import huginn
 from hobson.models.nanbeige import NanbeigeLooped
 from hobson.models.nanbeige import tiny_config as nanbeige_tiny
 from hobson.rl import objectives as obj
-from hobson.rl.engine import request_seed
+from hobson.rollout.engine import request_seed
 
 
 def t(x, dtype=torch.float64):

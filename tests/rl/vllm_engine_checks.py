@@ -17,9 +17,9 @@ import torch
 import vllm  # noqa: F401  (no skip: this file only runs where vLLM is meant to be)
 
 from hobson.errors import ConfigError, DigestMismatch
-from hobson.rl import publication
-from hobson.rl.hf_provider import HFCausalLMProvider
+from hobson.models.hf import HFCausalLMProvider
 from hobson.rl.objectives import token_logprobs
+from hobson.rollout import publication
 
 REPO = Path(__file__).resolve().parents[2]
 # fp32 on CPU, max |vLLM behaviour log-prob - trainer recomputation| over every sampled token
@@ -117,7 +117,7 @@ def _max_disagreement(model, prompts, outs) -> float:
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def served(request, tmp_path_factory):
     """One engine per model, serving v0 of two publications (weights from seeds 0 and 1)."""
-    from hobson.rl.vllm_engine import VLLMEngine
+    from hobson.rollout.vllm_engine import VLLMEngine
 
     make_provider, build, _, _ = MODELS[request.param]
     provider = make_provider()
@@ -210,7 +210,7 @@ def test_logprobs_agree_seeds_reproduce_and_publications_swap(served) -> None:
 
 def test_huginn_is_refused() -> None:
     from hobson.models.providers import PROVIDERS
-    from hobson.rl.vllm_engine import VLLMEngine
+    from hobson.rollout.vllm_engine import VLLMEngine
 
     with pytest.raises(ConfigError, match="huginn_raven .*native engine"):
         VLLMEngine(
@@ -232,7 +232,7 @@ def test_official_config_reads_the_same_through_vllm(tmp_path) -> None:
     from transformers import AutoConfig
 
     from hobson.models.nanbeige import NanbeigeConfig
-    from hobson.rl import vllm_nanbeige
+    from hobson.rollout import vllm_nanbeige
 
     official = json.loads((REPO / "tests/fixtures/official-models/nanbeige4.2-3b.config.json").read_text())
     official = {k: v for k, v in official.items() if not k.startswith("_")}

@@ -229,7 +229,7 @@ def test_killed_rollout_component_fails_job_then_resume(slurm_jobs, reference: P
 def test_hung_rollout_component_detected_by_timeouts(slurm_jobs) -> None:
     """A server that stops answering (SIGSTOP: its port still accepts) once it serves version 0:
     update 1's generate gets no answer within its timeout."""
-    from hobson.rl.transport import request
+    from hobson.rollout.transport import request
 
     run = slurm_jobs.workdir / "run"
     holds = slurm_jobs.workdir / "holds"

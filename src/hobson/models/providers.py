@@ -1,8 +1,9 @@
 """Model providers: build, load and export the looped models under their native parameter names.
 
-A provider is chosen by ``model_type`` in the model's ``config.json`` (:func:`get_provider`); any
-other ``model_type`` that transformers maps to a causal LM (Llama, Qwen3, ...) gets
-:class:`hobson.rl.hf_provider.HFCausalLMProvider`::
+A provider is chosen by ``model_type`` in the model's ``config.json``
+(:func:`hobson.models.get_provider`, in :mod:`hobson.models.registry`); any other ``model_type``
+that transformers maps to a causal LM (Llama, Qwen3, ...) gets
+:class:`hobson.models.hf.HFCausalLMProvider`::
 
     provider = get_provider("path/to/huginn-0125")        # or a config dict / config object
     actor = provider.load("path/to/huginn-0125", dtype=torch.float16)
@@ -262,6 +263,7 @@ PROVIDERS: dict[str, Provider] = {p.model_type: p for p in (HuginnProvider(), Na
 
 
 def _read_config_source(source: str | os.PathLike) -> dict[str, Any]:
+    """The config.json dict of a model directory or a config.json path (also hf.py's and registry.py's)."""
     path = Path(source)
     if path.is_dir():
         return read_config(path)
@@ -272,40 +274,3 @@ def _read_config_source(source: str | os.PathLike) -> dict[str, Any]:
         raise ConfigError(f"{path}: no such model directory or config file") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}:{e.lineno}: not valid JSON: {e.msg}") from None
-
-
-def get_provider(model_dir_or_config: Any) -> Provider:
-    """The provider for a model directory, a config.json path, a config dict or a config object."""
-    # plain HF causal LMs (any other model_type transformers knows); imported late: it imports this module
-    from hobson.rl.hf_provider import HFCausalLMProvider, is_causal_lm_type
-
-    if isinstance(model_dir_or_config, Provider):
-        return model_dir_or_config
-    for provider in PROVIDERS.values():
-        if isinstance(model_dir_or_config, provider.config_cls):
-            return provider
-    if not isinstance(model_dir_or_config, (dict, str, os.PathLike)):
-        from transformers import PretrainedConfig
-
-        if isinstance(model_dir_or_config, PretrainedConfig):
-            return HFCausalLMProvider()
-    if isinstance(model_dir_or_config, dict):
-        raw, where = model_dir_or_config, "config"
-    else:
-        raw, where = _read_config_source(model_dir_or_config), str(model_dir_or_config)
-    model_type = raw.get("model_type")
-    if model_type in PROVIDERS:
-        return PROVIDERS[model_type]
-    if is_causal_lm_type(model_type):
-        return HFCausalLMProvider()
-    raise ConfigError(
-        f"{where}: model_type {model_type!r} has no provider; supported: {', '.join(sorted(PROVIDERS))} "
-        "and the causal LMs of transformers (AutoModelForCausalLM)"
-    )
-
-
-def tiny_config(kind: str, **overrides: Any) -> Any:
-    """A tiny config of ``kind`` (``huginn_raven`` or ``nanbeige``) for CPU tests."""
-    if kind not in PROVIDERS:
-        raise ConfigError(f"unknown model kind {kind!r}; supported: {', '.join(sorted(PROVIDERS))}")
-    return PROVIDERS[kind].tiny_config(**overrides)

@@ -35,7 +35,7 @@ from hobson.models import get_provider, tiny_config
 from hobson.models.huginn import latent_like
 from hobson.rl.config import RLConfig
 from hobson.rl.data import ByteTokenizer
-from hobson.rl.engine import is_recurrent_depth
+from hobson.rollout.engine import is_recurrent_depth
 
 OPERANDS = 20
 OPS = ("+", "-")

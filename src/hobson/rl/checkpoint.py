@@ -355,7 +355,7 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     out = torch.load(path / "state.pt", weights_only=False)
     out.pop("format", None)
     if "actor_publication" in out:
-        from hobson.rl.publication import read_verified
+        from hobson.rollout.publication import read_verified
 
         pub = path.parent.parent / out["actor_publication"]
         if not any((pub / f).exists() for f in ("model.safetensors", "model.safetensors.index.json")):

@@ -22,9 +22,9 @@ import torch
 from hobson.errors import DataError
 from hobson.models import get_provider
 from hobson.rl import data as rldata
-from hobson.rl import publication
 from hobson.rl.config import TINY_PREFIX
 from hobson.rl.reward import get_reward, last_boxed
+from hobson.rollout import publication
 
 
 @dataclass
@@ -90,7 +90,7 @@ def evaluate(
     spec = settings.get("model") or ""
     tok = rldata.tokenizer_for(None if not spec or spec.startswith(TINY_PREFIX) else spec, mcfg.vocab_size)
     prompts = [rldata.encode_prompt(tok, r.prompt, max_prompt) for r in rows]
-    from hobson.rl.engine import NativeEngine
+    from hobson.rollout.engine import NativeEngine
 
     results = []
     for pub in pubs:

@@ -47,7 +47,6 @@ from hobson.models.huginn import check_latent_profile, latent_profile
 from hobson.records import git_info, utc_now, versions
 from hobson.rl import checkpoint as ckpt
 from hobson.rl import data as rldata
-from hobson.rl import publication
 from hobson.rl.algorithms import ADVANTAGE_PARAMS, Algorithm, get_algorithm
 from hobson.rl.config import (
     PRECISIONS,
@@ -58,7 +57,6 @@ from hobson.rl.config import (
     conventions,
     resolve_defaults,
 )
-from hobson.rl.engine import Completion, forward_kwargs, is_recurrent_depth, request_seed
 from hobson.rl.metrics import MetricsLog
 from hobson.rl.objectives import (
     aggregate,
@@ -71,6 +69,8 @@ from hobson.rl.objectives import (
 )
 from hobson.rl.reward import get_reward
 from hobson.rl.trainer import ModelTrainer
+from hobson.rollout import publication
+from hobson.rollout.engine import Completion, forward_kwargs, is_recurrent_depth, request_seed
 
 TINY_SEED = 0  # the embedded tiny models' weights do not depend on --seed
 TINY_BLOCK = 512  # room for 128 prompt + 48 new tokens and more
@@ -201,11 +201,11 @@ def build_models(cfg: RLConfig, critic: bool) -> tuple[Any, Any, torch.nn.Module
 
 def make_engine(cfg: RLConfig, provider: Any, tok: Any, model_rev: str, engine_rev: str) -> Any:
     """The rollout engine: in-process, or with ``engine_address_file`` a rollout server in another
-    process or on another node (:class:`hobson.rl.transport.RemoteEngine`, bit-identical)."""
+    process or on another node (:class:`hobson.rollout.transport.RemoteEngine`, bit-identical)."""
     dtype = getattr(torch, PRECISIONS[cfg.rollout_precision or cfg.precision])
     device = cfg.engine_device or cfg.device
     if cfg.engine_address_file:
-        from hobson.rl.transport import RemoteEngine
+        from hobson.rollout.transport import RemoteEngine
 
         return RemoteEngine(
             cfg.engine_address_file,
@@ -221,7 +221,7 @@ def make_engine(cfg: RLConfig, provider: Any, tok: Any, model_rev: str, engine_r
             ready_timeout=cfg.engine_ready_timeout,
         )
     if cfg.engine == "vllm":
-        from hobson.rl.vllm_engine import VLLMEngine
+        from hobson.rollout.vllm_engine import VLLMEngine
 
         return VLLMEngine(
             provider,
@@ -232,7 +232,7 @@ def make_engine(cfg: RLConfig, provider: Any, tok: Any, model_rev: str, engine_r
             model_revision=model_rev,
             engine_revision=engine_rev,
         )
-    from hobson.rl.engine import NativeEngine
+    from hobson.rollout.engine import NativeEngine
 
     return NativeEngine(
         provider,

@@ -25,6 +25,11 @@ from torch import Tensor
 
 from hobson.errors import ConfigError
 
+# Re-exported: the trainer's forward passes (hobson.rl.algorithms, hobson.rl.loop) take their
+# log-probs from here beside the losses they feed; defined below rollout/ so the engines share them.
+from hobson.models.logprobs import tempered_logprobs as tempered_logprobs
+from hobson.models.logprobs import token_logprobs as token_logprobs
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 _OBJECTIVES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {}
@@ -377,30 +382,6 @@ def dppo_loss(
         weight_clampfrac=aggregate((weight != raw_w).to(ratio.dtype), mask, aggregation),
     )
     return loss, metrics
-
-
-def _at_least_fp32(x: Tensor) -> Tensor:
-    # fp16/bf16 logits are promoted; fp64 (tests) stays fp64
-    return x.to(torch.promote_types(x.dtype, torch.float32))
-
-
-def tempered_logprobs(logits: Tensor, temperature: float) -> Tensor:
-    """``log_softmax(logits / T)`` over the vocabulary, at least fp32: ``(B, T, V) -> (B, T, V)``.
-
-    Flow-DPPO freezes this for the old policy before the update and recomputes it for π_θ.
-    """
-    return torch.log_softmax(_at_least_fp32(logits) / temperature, dim=-1)
-
-
-def token_logprobs(logits: Tensor, actions: Tensor, temperature: float = 1.0) -> Tensor:
-    """``log_softmax(logits / T)[a]`` of the chosen tokens, at least fp32: ``(B, T, V), (B, T) -> (B, T)``.
-
-    ``logits[:, t]`` must already be the distribution that produced ``actions[:, t]`` (shift
-    before calling). Computed as gathered logit minus logsumexp, without a (B, T, V) log-prob copy.
-    """
-    scaled = _at_least_fp32(logits) / temperature
-    picked = scaled.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(scaled, dim=-1)
 
 
 def entropy(logprobs_full: Tensor) -> Tensor:

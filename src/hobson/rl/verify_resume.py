@@ -23,7 +23,7 @@ from typing import Any
 
 from hobson.io import read_jsonl
 from hobson.rl import checkpoint as ckpt
-from hobson.rl.publication import MANIFEST
+from hobson.rollout.publication import MANIFEST
 
 
 @dataclass(frozen=True)

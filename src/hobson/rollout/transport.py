@@ -1,16 +1,16 @@
 """How the trainer reaches a rollout engine in another process: the wire, the publication
-transport, and :class:`RemoteEngine`, a client with the :class:`~hobson.rl.engine.RolloutEngine`
+transport, and :class:`RemoteEngine`, a client with the :class:`~hobson.rollout.engine.RolloutEngine`
 interface, so the loop (and every algorithm) cannot tell it from the in-process engine.
 
 The wire is one TCP connection per request: the client sends one JSON line, the server
-(:mod:`hobson.rl.server`) answers one JSON line ``{"ok": true, ...}`` or ``{"ok": false,
+(:mod:`hobson.rollout.server`) answers one JSON line ``{"ok": true, ...}`` or ``{"ok": false,
 "error": ..., "type": ...}``. Floats travel as Python's shortest round-trip repr, so
 log-probs arrive bit for bit. Every request has a deadline (connect + answer); a server that
 does not answer in time is reported as hung, one that closes the connection as gone, both as
 :class:`RolloutEngineError` naming the rollout component, its node and pid.
 
 A publication reaches the engine through a :class:`PublicationTransport`: ``send`` runs in
-the trainer after :func:`hobson.rl.publication.publish` wrote version N, ``receive`` in the
+the trainer after :func:`hobson.rollout.publication.publish` wrote version N, ``receive`` in the
 server, which must load it (pause generation, verify the digest, commit, resume) and return
 its manifest. The default, :class:`SharedDirTransport`, sends only the path: both components
 read the run directory on a shared file system. A faster one (an NCCL broadcast of the tensors
@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from hobson.errors import ConfigError, DigestMismatch, HobsonError, StageError
 
 if TYPE_CHECKING:
-    from hobson.rl import publication
-    from hobson.rl.engine import Completion
+    from hobson.rollout import publication
+    from hobson.rollout.engine import Completion
 
 # torch-free at import: the sbatch script's readiness check (`jobs.rollout_server --wait`) uses
 # only the wire functions, and should not pay for importing torch
@@ -51,7 +51,7 @@ class RolloutEngineError(StageError):
 # refused publication reads the same with a remote engine as with the in-process one.
 def _error_class(name: str) -> type[HobsonError]:
     if name == "PublicationError":
-        from hobson.rl.publication import PublicationError
+        from hobson.rollout.publication import PublicationError
 
         return PublicationError
     return {"DigestMismatch": DigestMismatch, "ConfigError": ConfigError}.get(name, RolloutEngineError)
@@ -191,7 +191,7 @@ def get_transport(name: str) -> PublicationTransport:
 
 
 class RemoteEngine:
-    """A :class:`~hobson.rl.engine.RolloutEngine` served by :mod:`hobson.rl.server` elsewhere.
+    """A :class:`~hobson.rollout.engine.RolloutEngine` served by :mod:`hobson.rollout.server` elsewhere.
 
     At construction it waits (``ready_timeout``) for the server's address file and a ping, then
     configures it with exactly what the in-process engine would get (dtype, token ids,
@@ -241,7 +241,7 @@ class RemoteEngine:
         )
 
     def load_publication(self, pub_dir: str | os.PathLike) -> publication.Manifest:
-        from hobson.rl import publication
+        from hobson.rollout import publication
 
         answer = self.transport.send(self.address, Path(pub_dir), self.publish_timeout)
         manifest = publication.Manifest(**answer["manifest"])
@@ -251,7 +251,7 @@ class RemoteEngine:
     def generate(
         self, prompts: list[list[int]], seeds: list[int], temperature: float, max_new_tokens: int
     ) -> list[Completion]:
-        from hobson.rl.engine import Completion
+        from hobson.rollout.engine import Completion
 
         answer = request(
             self.address,

@@ -1,7 +1,7 @@
 """Rollout engines behind one interface, and the native torch engine.
 
 An engine generates completions for token prompts with one seed per request and loads policy
-publications (:mod:`hobson.rl.publication`)::
+publications (:mod:`hobson.rollout.publication`)::
 
     engine.load_publication("runs/x/publications/v000002")   # pauses generation, verifies, commits
     outs = engine.generate(prompts, seeds, temperature=0.8, max_new_tokens=48)
@@ -38,8 +38,8 @@ from torch import Tensor, nn
 from hobson.errors import ConfigError
 from hobson.models.common import DTYPE_NAMES, StaticKVCache, fused_kernels
 from hobson.models.huginn import LATENT_PROFILE, HuginnConfig, initial_state, latent_check
-from hobson.rl import publication
-from hobson.rl.objectives import token_logprobs
+from hobson.models.logprobs import token_logprobs
+from hobson.rollout import publication
 
 
 @dataclass

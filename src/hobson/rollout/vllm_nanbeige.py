@@ -1,6 +1,6 @@
 """Nanbeige as a vLLM out-of-tree model: the looped decoder with one attention layer (KV cache) per loop.
 
-:func:`register` (idempotent; :class:`hobson.rl.vllm_engine.VLLMEngine` calls it before building
+:func:`register` (idempotent; :class:`hobson.rollout.vllm_engine.VLLMEngine` calls it before building
 the ``LLM``) teaches transformers' ``AutoConfig`` the ``nanbeige`` model type (a Llama config
 plus ``num_loops``/``skip_loop_final_norm``, no remote code) and registers
 :class:`NanbeigeForCausalLM` with vLLM's ``ModelRegistry`` as :data:`ARCHITECTURE`. The engine

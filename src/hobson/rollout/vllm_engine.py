@@ -1,6 +1,6 @@
 """A rollout engine on vLLM (in-process ``vllm.LLM``) for plain HF causal LMs and Nanbeige.
 
-Same interface as :class:`hobson.rl.engine.NativeEngine`: ``load_publication`` (pause, check the
+Same interface as :class:`hobson.rollout.engine.NativeEngine`: ``load_publication`` (pause, check the
 manifest's dtype and revision, recompute the digest from the bytes read, refuse a mismatch, then
 load: the first version builds the ``LLM``, later ones swap weights in place with vLLM's
 ``reload_weights``; commit; resume) and ``generate`` with one seed per request (vLLM's per-request
@@ -8,7 +8,7 @@ load: the first version builds the ``LLM``, later ones swap weights in place wit
 distribution, i.e. ``log_softmax(logits / T)`` as the trainer recomputes it.
 
 Nanbeige (``model_type: nanbeige``) is served by the out-of-tree model in
-:mod:`hobson.rl.vllm_nanbeige` (registered here before the ``LLM`` is built and selected with
+:mod:`hobson.rollout.vllm_nanbeige` (registered here before the ``LLM`` is built and selected with
 ``hf_overrides``; each loop has its own attention layers and KV cache), from the publication's
 official-name ``config.json`` and safetensors as the provider exports them. Huginn is refused: its
 latent state needs the native engine, always.
@@ -30,8 +30,8 @@ import torch
 
 from hobson.errors import ConfigError
 from hobson.models.common import DTYPE_NAMES
-from hobson.rl import publication
-from hobson.rl.engine import Completion
+from hobson.rollout import publication
+from hobson.rollout.engine import Completion
 
 NANBEIGE = "nanbeige"
 REFUSED_MODEL_TYPES = ("huginn_raven",)
@@ -108,7 +108,7 @@ class VLLMEngine:
 
                     overrides: dict[str, Any] = {}
                     if manifest.model_type == NANBEIGE:
-                        from hobson.rl import vllm_nanbeige
+                        from hobson.rollout import vllm_nanbeige
 
                         vllm_nanbeige.register()
                         overrides["architectures"] = [vllm_nanbeige.ARCHITECTURE]

@@ -1,8 +1,8 @@
-"""The rollout server: a :class:`~hobson.rl.engine.NativeEngine` behind a TCP port, for the
+"""The rollout server: a :class:`~hobson.rollout.engine.NativeEngine` behind a TCP port, for the
 rollout component of a heterogeneous Slurm job (``python -m jobs.rollout_server``).
 
 It binds a port on its node, writes ``{"host", "port", "pid", "node", ...}`` atomically to the
-address file, and answers one JSON-line request per connection (:mod:`hobson.rl.transport`):
+address file, and answers one JSON-line request per connection (:mod:`hobson.rollout.transport`):
 
     ping               readiness: node, pid, whether configured, the committed (version, digest)
     configure          dtype, token ids, revisions, torch threads: what the trainer's in-process
@@ -35,8 +35,8 @@ import torch
 from hobson.errors import ConfigError
 from hobson.io import write_json_atomic
 from hobson.records import utc_now
-from hobson.rl import publication
-from hobson.rl.transport import get_transport
+from hobson.rollout import publication
+from hobson.rollout.transport import get_transport
 
 READ_TIMEOUT_S = 60.0
 
@@ -120,7 +120,7 @@ class RolloutService:
         with self._build_lock:
             if self.engine is None:
                 from hobson.models import get_provider
-                from hobson.rl.engine import NativeEngine
+                from hobson.rollout.engine import NativeEngine
 
                 s = self.settings
                 self.engine = NativeEngine(

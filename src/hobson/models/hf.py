@@ -7,7 +7,7 @@ publications as the looped models, with the native engine or vLLM.
 
 :class:`HFCausalLM` is a thin ``nn.Module`` around the HF model. It registers the HF model's
 children as its own, so its ``state_dict`` carries the HF names unchanged (``model.layers.0...``,
-``lm_head.weight``), and adds what the loop and :class:`hobson.rl.engine.NativeEngine` call:
+``lm_head.weight``), and adds what the loop and :class:`hobson.rollout.engine.NativeEngine` call:
 
 - ``forward(input_ids, attention_mask=, position_ids=)``: fp32 logits ``(B, T, V)``, or values
   ``(B, T)`` for the critic (the loop's right-padded batches need neither mask nor positions:

@@ -18,8 +18,8 @@ CORE = [
     "matplotlib>=3.7",
     "submitit>=1.5",
 ]
-TRAIN = ["peft>=0.13", "accelerate>=1.0"]
-RL = ["deepspeed>=0.15", "math-verify>=0.7"]
+TRAIN = ["peft>=0.13", "accelerate>=1.0", "tensorboard>=2.14"]
+RL = ["deepspeed>=0.15", "math-verify>=0.7", "tensorboard>=2.14"]
 AWS = ["boto3>=1.34"]
 DEV = ["pytest>=8", "ruff>=0.6", "moto[server]>=5.0", "scipy>=1.10"]
 

@@ -148,3 +148,35 @@ def test_usr2_checkpoints_then_resume_matches(runs, config_factory, tmp_path, su
     resumed = runs("usr2_resume", 1, output=str(tmp_path / "usr2"))
     _assert_resumed_after(full.parent / "usr2_resume", at, full)
     _assert_bit_identical(full, resumed)
+
+
+def _tb_scalars(tb: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(tb), size_guidance={"scalars": 0})
+    ea.Reload()
+    return {tag: [(e.step, e.value) for e in ea.Scalars(tag)] for tag in ea.Tags()["scalars"]}
+
+
+TB_TAGS = ("loss", "ce", "kl_teacher", "kl_frozen", "acc", "grad_norm", "lr")
+
+
+def test_tensorboard_holds_each_logged_scalar_once_across_a_resume(runs, capfd):
+    """<output_dir>/tb: every logged number of every step, equal to the log line's; a stopped and
+    resumed run has each step once, with the uninterrupted run's values (resume is exact)."""
+    capfd.readouterr()
+    logged = runs("tb_full", 2)  # forked ranks: their stdout is fd 1, which capfd reads
+    lines = [json.loads(x) for x in capfd.readouterr().out.splitlines() if x.startswith('{"acc"')]
+    assert [r["step"] for r in lines] == list(range(1, STEPS + 1))
+    full = _tb_scalars(logged / "out" / "tb")
+    assert "tokens_per_s" in full
+    for tag in TB_TAGS:
+        assert [s for s, _ in full[tag]] == list(range(1, STEPS + 1)), tag
+        assert [v for _, v in full[tag]] == pytest.approx([r[tag] for r in lines], rel=1e-6, abs=1e-12), tag
+    runs("tb_stop", 2, stop_after_steps=3)
+    resumed = runs("tb_resume", 2, output="tb_stop")
+    again = _tb_scalars(resumed / "out" / "tb")
+    for tag in (*TB_TAGS, "tokens_per_s"):
+        assert [s for s, _ in again[tag]] == list(range(1, STEPS + 1)), (tag, again[tag])
+    for tag in TB_TAGS:
+        assert again[tag] == full[tag], tag

@@ -28,6 +28,7 @@ import random
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ from hobson.decider.model import Decider, build_decider
 from hobson.decider.sampler import LengthGroupedSampler, assign_micro_batches, row_length
 from hobson.errors import ConfigError, DataError
 from hobson.io import atomic_write, iter_jsonl, write_json_atomic
+from hobson.scalars import TensorBoardLog
 
 # EX_TEMPFAIL: "try again later". A job script that sees it requeues instead of failing.
 PREEMPT_EXIT_CODE = 75
@@ -123,6 +125,8 @@ class DeciderTrainRecipe:
             torch.set_num_threads(cfg.num_threads)
         self.output_dir = Path(cfg.output_dir)
         self.checkpoint_root = self.output_dir / "checkpoints"
+        self._tb: TensorBoardLog | None = None  # opened at the first logged step (rank 0), after a resume
+        self._tick: tuple[float, int] = (time.perf_counter(), 0)  # (time, tokens) at the last logged step
         self._usr2 = False
         self._old_handler = None
         if threading.current_thread() is threading.main_thread():
@@ -278,12 +282,20 @@ class DeciderTrainRecipe:
                 sums = sums.to(self.device)  # NCCL reduces device tensors only
                 dist.all_reduce(sums)
             m = dict(zip(_METRICS, sums.tolist(), strict=True))
+            tokens = self._tick[1] + sum(self.lengths[i] for mb in micro for i in mb)
+            self._tick = (self._tick[0], tokens)
             if step % cfg.log_every == 0 or step == self.total_steps:
                 rows = m["rows"]
-                self._log({"step": step, "epoch": epoch, "loss": m["loss"] / rows, "ce": m["ce"] / rows,
-                           "kl_teacher": m["kl_teacher"] / rows, "kl_frozen": m["kl_frozen"] / rows,
-                           "acc": m["correct"] / rows, "rows": int(rows), "grad_norm": grad_norm,
-                           "lr": self.scheduler.get_last_lr()[0]})
+                row = {"step": step, "epoch": epoch, "loss": m["loss"] / rows, "ce": m["ce"] / rows,
+                       "kl_teacher": m["kl_teacher"] / rows, "kl_frozen": m["kl_frozen"] / rows,
+                       "acc": m["correct"] / rows, "rows": int(rows), "grad_norm": grad_norm,
+                       "lr": self.scheduler.get_last_lr()[0]}
+                self._log(row)
+                now = time.perf_counter()
+                # timings stay out of the log line (runs are compared by it); TensorBoard gets them
+                self._board(step).add(step, {**row, "tokens_per_s": tokens / max(now - self._tick[0], 1e-9)},
+                                      skip=("step",))
+                self._tick = (now, 0)
             if cfg.eval_every and step % cfg.eval_every == 0:
                 self._validate(step)
             if m["usr2"] > 0:
@@ -439,7 +451,16 @@ class DeciderTrainRecipe:
         if self.is_main:
             print(json.dumps(record, sort_keys=True), flush=True)
 
+    def _board(self, step: int) -> TensorBoardLog:
+        """``<output_dir>/tb`` (rank 0 writes; the others' writer writes nothing). Opened at the
+        first logged step of this process, purging what an interrupted one wrote from there on."""
+        if self._tb is None:
+            self._tb = TensorBoardLog(self.output_dir / "tb", purge_step=step) if self.is_main else TensorBoardLog.off()
+        return self._tb
+
     def cleanup(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
         if self._old_handler is not None:
             signal.signal(signal.SIGUSR2, self._old_handler)
         if self._own_process_group and dist.is_initialized():

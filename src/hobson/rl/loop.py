@@ -726,6 +726,7 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
         if writer is not None:
             checkpoint_written(writer.wait())  # the run is done once its last checkpoint is whole
         metrics.plot()
+        metrics.close()
         session["finished_utc"] = utc_now()
         session["stopped_after"] = cfg.stop_after if cfg.stop_after and cfg.stop_after < cfg.updates else None
         record.save()

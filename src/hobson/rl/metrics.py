@@ -3,7 +3,8 @@
 ``<output>/metrics.jsonl`` rows hold ``update``, ``reward_mean``, ``approx_kl``, ``clipfrac``,
 ``gate_frac`` (Flow-DPPO), ``entropy``, ``tokens_per_s``, ``seconds`` per phase, and more. Timings
 differ between runs, so ``verify-resume`` never compares this file. ``metrics.png`` is redrawn
-at the end of every process. Only rank 0 logs (there is one training process).
+at the end of every process. The same numbers go to TensorBoard event files in ``<output>/tb``
+(:mod:`hobson.scalars`). Only rank 0 logs (there is one training process).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hobson.io import atomic_write, dumps_row
+from hobson.scalars import TensorBoardLog
 
 CURVES = ("reward_mean", "approx_kl", "clipfrac", "gate_frac", "entropy", "tokens_per_s")
 
@@ -22,6 +24,19 @@ class MetricsLog:
     def __init__(self, output: str | os.PathLike) -> None:
         self.jsonl = Path(output) / "metrics.jsonl"
         self.png = Path(output) / "metrics.png"
+        self.tb_dir = Path(output) / "tb"
+        self._tb: TensorBoardLog | None = None
+        self._purge: int | None = None
+
+    def _board(self) -> TensorBoardLog:
+        if self._tb is None:
+            self._tb = TensorBoardLog(self.tb_dir, purge_step=self._purge)
+        return self._tb
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
 
     def rows(self) -> list[dict[str, Any]]:
         if not self.jsonl.exists():
@@ -34,12 +49,14 @@ class MetricsLog:
         with atomic_write(self.jsonl) as f:
             for r in rows:
                 f.write(dumps_row(r) + "\n")
+        self._purge = update + 1  # TensorBoard drops the interrupted process's steps past it
 
     def append(self, row: dict[str, Any]) -> None:
         rows = self.rows() + [row]
         with atomic_write(self.jsonl) as f:
             for r in rows:
                 f.write(dumps_row(r) + "\n")
+        self._board().add(row["update"], row, skip=("update",))
 
     def plot(self, rows: list[dict[str, Any]] | None = None) -> None:
         """Draw ``metrics.png`` (at the end of each process: matplotlib takes seconds per figure)."""

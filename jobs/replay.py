@@ -61,6 +61,7 @@ def _verify_corpus(corpus: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from hobson.corpus.schema import read_rows
     from hobson.labels import label_rows, merge_shards, shard_done
+    from hobson.progress import reporter
     from hobson.shards import parse_spec, shard_paths, task_shard
 
     n = args.num_shards
@@ -81,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
         loaded = load_decider(args.checkpoint, args.device, args.base_model)
         check_rows_fit(rows, loaded.config, args.corpus)
         res = label_rows(rows, DeciderScorer(loaded), out=args.out, shard=shard, num_shards=n,
-                         max_batch_tokens=args.max_batch_tokens, max_batch_rows=args.max_batch_rows)
+                         max_batch_tokens=args.max_batch_tokens, max_batch_rows=args.max_batch_rows,
+                         on_batch=reporter(f"replay shard {shard} batches"))
         print(f"replay: shard {shard} of {n}: wrote {res.path} ({res.rows} of {len(rows)} rows, "
               f"{res.batches} batches, sha256 {res.sha256})", flush=True)
     if n == 1:
@@ -97,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     except HobsonError as e:
         print(f"replay: error: {e}", file=sys.stderr)
         return 1
+
 
 
 if __name__ == "__main__":

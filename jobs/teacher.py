@@ -19,6 +19,7 @@ from hobson.corpus.sums import SUMS_NAME, verify_corpus
 from hobson.errors import ConfigError, HobsonError
 from hobson.labels import check_option_counts, label_rows, merge_shards, render_prompt, shard_done
 from hobson.labels.label import DEFAULT_MAX_BATCH_ROWS, DEFAULT_MAX_BATCH_TOKENS
+from hobson.progress import reporter
 from hobson.shards import parse_spec, shard_paths, task_shard
 
 
@@ -109,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
         model, tokenizer = _load_teacher(args, rows)
         scorer = LMOptionScorer(model, tokenizer, args.device)
         res = label_rows(rows, scorer, out=args.out, shard=shard, num_shards=n,
-                         max_batch_tokens=args.max_batch_tokens, max_batch_rows=args.max_batch_rows)
+                         max_batch_tokens=args.max_batch_tokens, max_batch_rows=args.max_batch_rows,
+                         on_batch=reporter(f"teacher shard {shard} batches"))
         print(f"teacher: shard {shard} of {n}: wrote {res.path} ({res.rows} of {len(rows)} rows, "
               f"{res.batches} batches, sha256 {res.sha256})", flush=True)
     if n == 1:
@@ -125,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     except HobsonError as e:
         print(f"teacher: error: {e}", file=sys.stderr)
         return 1
+
 
 
 if __name__ == "__main__":

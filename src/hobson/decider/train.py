@@ -52,6 +52,7 @@ from hobson.decider.model import Decider, build_decider
 from hobson.decider.sampler import LengthGroupedSampler, assign_micro_batches, row_length
 from hobson.errors import ConfigError, DataError
 from hobson.io import atomic_write, iter_jsonl, write_json_atomic
+from hobson.progress import Progress
 from hobson.scalars import TensorBoardLog
 
 # EX_TEMPFAIL: "try again later". A job script that sees it requeues instead of failing.
@@ -271,8 +272,13 @@ class DeciderTrainRecipe:
     def train(self) -> int:
         cfg = self.cfg
         saved_at = self.sampler.global_step() if latest_checkpoint(self.checkpoint_root) else -1
+        bar = Progress(self.total_steps, "train steps") if self.is_main else None
+        if bar is not None:
+            bar.set(self.sampler.global_step())
         for epoch, _, micro in self.sampler:
             step = self.sampler.global_step() + 1
+            if bar is not None and step > 1:
+                bar.set(step - 1)
             # a fault test's USR2 lands before this step (and ends the hold)
             faults.hold(f"train-step-{step}", until=lambda: self._usr2)
             sums, grad_norm = self._train_step(step, micro)

@@ -44,6 +44,7 @@ from hobson.io import atomic_write, dumps_row, read_jsonl, write_json_atomic
 from hobson.models import get_provider, tiny_config
 from hobson.models.common import read_config
 from hobson.models.huginn import check_latent_profile, latent_profile
+from hobson.progress import progress
 from hobson.records import git_info, utc_now, versions
 from hobson.rl import checkpoint as ckpt
 from hobson.rl import data as rldata
@@ -596,7 +597,7 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
 
     last = cfg.stop_after or cfg.updates
     try:
-        for update in range(start + 1, last + 1):
+        for update in progress(range(start + 1, last + 1), desc=f"rl {cfg.algorithm} updates"):
             # a fault test lands its fault here: the previous checkpoint whole, this update not begun
             settle = None if writer is None else lambda: checkpoint_written(writer.wait())
             faults.hold(f"update-{update}", settle=settle)

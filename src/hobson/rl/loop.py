@@ -441,28 +441,81 @@ def remove_stale_temporaries(out: Path) -> list[str]:
 
 def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
     """Run (or resume) the RL job ``cfg``; returns this process's session record."""
-    argv = list(sys.argv if argv is None else argv)
-    cfg = resolve_defaults(cfg)  # VIME's defaults for this algorithm, model and device, recorded so
-    out = Path(cfg.output)
-    apply_env_vars(cfg.train_env_vars)
-    alg = get_algorithm(cfg.algorithm)
-    data_path = Path(cfg.data) if cfg.data else rldata.DEFAULT_DATA
-    rows = rldata.load_prompts(data_path)
-    data_sha = rldata.data_digest(data_path)
-    model_rev, engine_rev = resolve_revisions(cfg)
-    dtype_name = PRECISIONS[cfg.precision]
-    # intra-op reductions may split differently with another thread count: part of the run's bits
-    extra = {
-        "data_sha256": data_sha,
-        "model_revision": model_rev,
-        "engine_revision": engine_rev,
-        "torch_threads": torch.get_num_threads(),
-    }
+    return RLRecipe(cfg, list(sys.argv if argv is None else argv)).run()
 
-    # ---- resume checks come before anything is written
-    record = RunRecord(out)
-    start, resume_state, set_aside = 0, None, []
-    if cfg.resume:
+
+@dataclass
+class Rollout:
+    """One update's requests and what came back."""
+
+    prompts: list[list[int]]
+    seeds: list[int]
+    groups: list[int]
+    rows: list[tuple[int, Any, int]]  # (prompt index, data row, completion index) per request
+    completions: list[Completion] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+
+
+class RLRecipe:
+    """The RL run, read top to bottom: :meth:`setup` (settings, resume checks, models, engine,
+    trainers), :meth:`restore` (a checkpoint or the seed), then per update :meth:`rollout` ->
+    :meth:`score` -> :meth:`train` (advantages and optimizer steps) -> :meth:`publish` ->
+    :meth:`checkpoint` -> :meth:`log`."""
+
+    def __init__(self, cfg: RLConfig, argv: list[str]) -> None:
+        self.argv = argv
+        self.cfg = resolve_defaults(cfg)  # VIME's defaults for this algorithm, model and device, recorded
+        self.out = Path(self.cfg.output)
+        self.secs: dict[str, float] = {}
+        self.pub_secs: dict[str, float] = {}
+
+    # ---- set-up ---------------------------------------------------------------------------
+    def setup(self) -> None:
+        cfg, out = self.cfg, self.out
+        apply_env_vars(cfg.train_env_vars)
+        self.alg = get_algorithm(cfg.algorithm)
+        self.data_path = Path(cfg.data) if cfg.data else rldata.DEFAULT_DATA
+        rows = rldata.load_prompts(self.data_path)
+        self.model_rev, self.engine_rev = resolve_revisions(cfg)
+        self.dtype = getattr(torch, PRECISIONS[cfg.precision])
+        # intra-op reductions may split differently with another thread count: part of the run's bits
+        self.extra: dict[str, Any] = {"data_sha256": rldata.data_digest(self.data_path),
+                                      "model_revision": self.model_rev, "engine_revision": self.engine_rev,
+                                      "torch_threads": torch.get_num_threads()}
+        self.record = RunRecord(out)
+        meta = self._check_resume()  # before anything is written
+        if any(str(d).startswith("cuda") for d in (cfg.device, cfg.engine_device or cfg.device)):
+            # bit-exact resume on a GPU needs deterministic kernels (embedding backward uses atomics)
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True)
+        self.provider, mcfg, actor_m, critic_m = build_models(cfg, self.alg.critic)
+        recurrent = is_recurrent_depth(actor_m)
+        if recurrent:
+            self.extra["latent_profile"] = latent_profile(self.dtype)
+            if cfg.resume:
+                check_latent_profile(meta["latent_profile"], self.dtype)
+        self.backprop = ((cfg.backprop_steps if cfg.backprop_steps is not None else mcfg.mean_backprop_depth)
+                         if recurrent else 0)
+        self.tok = rldata.tokenizer_for(
+            None if cfg.model_spec.startswith(TINY_PREFIX) else cfg.model_spec, actor_m.config.vocab_size
+        )
+        # before the cursor counts rows: resume and the seeds' sample indices refer to the kept rows
+        self.rows, dropped = rldata.drop_long_prompts(rows, self.tok, cfg.max_prompt_tokens, cfg.long_prompts,
+                                                      self.data_path)
+        self.engine = make_engine(cfg, self.provider, self.tok, self.model_rev, self.engine_rev)  # refuses early
+        self.record.start(cfg, self.argv, self.extra)
+        self.session = self.record.session
+        self._record_setup_events(dropped)
+        self._build_trainers(actor_m, critic_m)
+
+    def _check_resume(self) -> dict[str, Any] | None:
+        """The interrupted run's record (None for a new run), after refusing what would change its bits."""
+        cfg, out, record = self.cfg, self.out, self.record
+        self.start, self.resume_state, self.set_aside = 0, None, []
+        if not cfg.resume:
+            if (out / "run.json").exists():
+                raise StageError(f"{out}: already holds a run; pass --resume to continue it or pick a new --output")
+            return None
         if not record.path.exists():
             raise StageError(f"--resume: {record.path} is missing (nothing to resume)")
         import json
@@ -470,277 +523,257 @@ def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
         meta = json.loads(record.path.read_text(encoding="utf-8"))["rl"]
         check_conventions(meta.get("conventions"), cfg)  # a run from before them first: the clearest reason
         check_resume(meta["settings"], cfg)
-        changed = [f"{k}: run has {meta.get(k)!r}, now {v!r}" for k, v in extra.items() if meta.get(k) != v]
+        changed = [f"{k}: run has {meta.get(k)!r}, now {v!r}" for k, v in self.extra.items() if meta.get(k) != v]
         if changed:
-            raise ConfigError(
-                "--resume refuses inputs that differ from the interrupted run:\n  " + "\n  ".join(changed)
-            )
-        done = ckpt.list_checkpoints(out)
+            raise ConfigError("--resume refuses inputs that differ from the interrupted run:\n  "
+                              + "\n  ".join(changed))
         # no checkpoint yet (stopped during update 1): start over in the same directory
-        start, resume_state, set_aside = _newest_intact_checkpoint(out, done)
-        if start >= cfg.updates:
+        self.start, self.resume_state, self.set_aside = _newest_intact_checkpoint(out, ckpt.list_checkpoints(out))
+        if self.start >= cfg.updates:
             raise StageError(f"--resume: the run already finished all {cfg.updates} updates")
-    elif (out / "run.json").exists():
-        raise StageError(f"{out}: already holds a run; pass --resume to continue it or pick a new --output")
+        return meta
 
-    if any(str(d).startswith("cuda") for d in (cfg.device, cfg.engine_device or cfg.device)):
-        # bit-exact resume on a GPU needs deterministic kernels (embedding backward uses atomics)
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-    provider, mcfg, actor_m, critic_m = build_models(cfg, alg.critic)
-    recurrent = is_recurrent_depth(actor_m)
-    if recurrent:
-        extra["latent_profile"] = latent_profile(getattr(torch, dtype_name))
+    def _record_setup_events(self, dropped: list[Any]) -> None:
+        cfg, record = self.cfg, self.record
+        for event in self.set_aside:
+            record.event("checkpoint_corrupt", **event)
+        if dropped:
+            lines = [r.line for r in dropped]
+            record.event("dropped_long_prompts", count=len(dropped), first_lines=lines[:10],
+                         max_prompt_tokens=cfg.max_prompt_tokens)
+            print(f"rl: left out {len(dropped)} of {len(self.rows) + len(dropped)} prompts longer than "
+                  f"{cfg.max_prompt_tokens} tokens ({self.data_path} lines {', '.join(map(str, lines[:10]))}"
+                  f"{', ...' if len(lines) > 10 else ''}); --long-prompts truncate keeps them", flush=True)
+        stale = remove_stale_temporaries(self.out)
+        if stale:
+            record.event("removed_stale_temporaries", paths=stale)
+
+    def _build_trainers(self, actor_m: torch.nn.Module, critic_m: torch.nn.Module | None) -> None:
+        cfg = self.cfg
+        trainer_args = dict(backend=cfg.trainer, precision=cfg.precision, optimizer=cfg.optimizer,
+                            optimizer_args=cfg.optimizer_args, loss_scale=cfg.loss_scale,
+                            micro_batch=cfg.prompts_per_update * cfg.completions_per_prompt,
+                            recompute=cfg.recompute, grad_clip=cfg.grad_clip)
+        self.actor = ModelTrainer(actor_m, lr=cfg.lr, **trainer_args)
+        self.critic = (ModelTrainer(critic_m, lr=cfg.critic_lr or cfg.lr, **trainer_args)
+                       if critic_m is not None else None)
+        self.metrics = MetricsLog(self.out)
+        self.pubs = self.out / "publications"
+        self.reward_fn = get_reward(cfg.reward)
+        self.writer = None if cfg.checkpoint_in_line else ckpt.CheckpointWriter(self.out)
+
+    # ---- restore ------------------------------------------------------------------------------
+    def restore(self) -> None:
+        """Load the newest intact checkpoint (or seed a new run), then publish version ``start``."""
+        cfg, out, session = self.cfg, self.out, self.session
+        rng_after_publish = None
         if cfg.resume:
-            check_latent_profile(meta["latent_profile"], getattr(torch, dtype_name))
-    backprop = (cfg.backprop_steps if cfg.backprop_steps is not None else mcfg.mean_backprop_depth) if recurrent else 0
-    tok = rldata.tokenizer_for(
-        None if cfg.model_spec.startswith(TINY_PREFIX) else cfg.model_spec, actor_m.config.vocab_size
-    )
-    # before the cursor counts rows: resume and the seeds' sample indices refer to the kept rows
-    rows, dropped = rldata.drop_long_prompts(rows, tok, cfg.max_prompt_tokens, cfg.long_prompts, data_path)
-    engine = make_engine(cfg, provider, tok, model_rev, engine_rev)  # refuses what it cannot serve
-    record.start(cfg, argv, extra)
-    session = record.session
-    for event in set_aside:
-        record.event("checkpoint_corrupt", **event)
-    if dropped:
-        lines = [r.line for r in dropped]
-        record.event("dropped_long_prompts", count=len(dropped), first_lines=lines[:10],
-                     max_prompt_tokens=cfg.max_prompt_tokens)
-        print(f"rl: left out {len(dropped)} of {len(rows) + len(dropped)} prompts longer than "
-              f"{cfg.max_prompt_tokens} tokens ({data_path} lines {', '.join(map(str, lines[:10]))}"
-              f"{', ...' if len(lines) > 10 else ''}); --long-prompts truncate keeps them", flush=True)
-    stale = remove_stale_temporaries(out)
-    if stale:
-        record.event("removed_stale_temporaries", paths=stale)
+            self.metrics.keep_until(self.start)  # rows past the checkpoint are recomputed
+        if self.start:
+            path = ckpt.checkpoint_dir(out, self.start)
+            state = self.resume_state
+            ckpt.load_weights(self.actor.module, state["actor"], f"{path}/actor.safetensors")
+            self.actor.load_state_dict(state["actor_trainer"])
+            if self.critic is not None:
+                ckpt.load_weights(self.critic.module, state["critic"], f"{path}/critic.safetensors")
+                self.critic.load_state_dict(state["critic_trainer"])
+            self.cursor = state["data_cursor"]
+            session["resumed_from"] = str(path.relative_to(out))
+            self.record.event("load_checkpoint", update=self.start, path=session["resumed_from"],
+                              version=state["version"])
+            rng_after_publish = state["rng"]
+        else:
+            self.cursor = 0
+            ckpt.seed_everything(cfg.seed)
+        self.version = self.start
+        man = self.publish(self.version)  # a resumed run republishes its restored weights before the first rollout
+        # does a publication hold exactly the actor's state dict? then checkpoints need not write the
+        # actor again (see hobson.rl.checkpoint); one hash of the weights per session decides
+        own = {k: v.detach() for k, v in self.actor.module.state_dict().items()}
+        self.actor_in_publication = publication.tensors_digest(own) == man.digest
+        del own
+        session["checkpoint_actor"] = "publication" if self.actor_in_publication else "own file"
+        if rng_after_publish is not None:
+            ckpt.set_rng_state(rng_after_publish)
 
-    n_seq = cfg.prompts_per_update * cfg.completions_per_prompt
-    trainer_args = dict(
-        backend=cfg.trainer,
-        precision=cfg.precision,
-        optimizer=cfg.optimizer,
-        optimizer_args=cfg.optimizer_args,
-        loss_scale=cfg.loss_scale,
-        micro_batch=n_seq,
-        recompute=cfg.recompute,
-        grad_clip=cfg.grad_clip,
-    )
-    actor = ModelTrainer(actor_m, lr=cfg.lr, **trainer_args)
-    critic = ModelTrainer(critic_m, lr=cfg.critic_lr or cfg.lr, **trainer_args) if critic_m is not None else None
-    metrics = MetricsLog(out)
-    pubs = out / "publications"
-    pub_dtype = getattr(torch, dtype_name)
-    reward_fn = get_reward(cfg.reward)
+    # ---- the loop -----------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        self.setup()
+        try:
+            self.restore()
+            last = self.cfg.stop_after or self.cfg.updates
+            for update in progress(range(self.start + 1, last + 1), desc=f"rl {self.cfg.algorithm} updates"):
+                # a fault test lands its fault here: the previous checkpoint whole, this update not begun
+                settle = None if self.writer is None else lambda: self.checkpoint_written(self.writer.wait())
+                faults.hold(f"update-{update}", settle=settle)
+                self.secs = {}
+                _reset_peaks()
+                ro = self.rollout(update)
+                self.score(ro)
+                batch, stats = self.train(update, ro)
+                self.write_rollouts(update, ro, batch)
+                man = self.publish_update(update)
+                background = self.checkpoint(update, man)
+                self.log(update, ro, stats, background)
+            self.finish()
+        except BaseException:
+            # a failed or terminated run still finishes the checkpoint in flight (a whole checkpoint is
+            # worth keeping, and a resume starts from it); a failure there must not hide this one
+            if self.writer is not None:
+                with contextlib.suppress(Exception):
+                    self.writer.wait()
+            raise
+        finally:
+            self.engine.close()
+        return self.session
 
-    pub_secs: dict[str, float] = {}
-    writer = None if cfg.checkpoint_in_line else ckpt.CheckpointWriter(out)
+    def rollout(self, update: int) -> Rollout:
+        cfg = self.cfg
+        t0 = _now()
+        ro = Rollout([], [], [], [])
+        for i, (abs_idx, row) in enumerate(rldata.batch_rows(self.rows, self.cursor, cfg.prompts_per_update)):
+            ptoks = rldata.encode_prompt(self.tok, row.prompt, cfg.max_prompt_tokens)
+            for j in range(cfg.completions_per_prompt):
+                ro.prompts.append(ptoks)
+                # VIME's rollout_id = update - 1 and sample index = (rollout_id * prompts + i) *
+                # completions + j, which is abs_idx * completions + j: the cursor moves by whole updates
+                ro.seeds.append(request_seed(cfg.seed, update - 1, abs_idx * cfg.completions_per_prompt + j))
+                ro.groups.append(i)
+                ro.rows.append((abs_idx, row, j))
+        self.record.event("rollout", update=update, version=self.engine.version)
+        ro.completions = self.engine.generate(ro.prompts, ro.seeds, cfg.temperature, cfg.max_new_tokens)
+        self.secs["rollout"] = _now() - t0
+        return ro
 
-    def checkpoint_written(done: tuple[int, Path, float] | None) -> None:
+    def score(self, ro: Rollout) -> None:
+        t0 = time.perf_counter()
+        for c, (_, row, _) in zip(ro.completions, ro.rows, strict=True):
+            text_ids = [t for t in c.tokens if t != self.tok.eos_id]
+            ro.rewards.append(float(self.reward_fn(self.tok.decode(text_ids), c.tokens, row.label)))
+        self.secs["reward"] = time.perf_counter() - t0
+
+    def train(self, update: int, ro: Rollout) -> tuple[Batch, dict[str, Any]]:
+        """Advantages and the algorithm's optimizer steps on this update's rollout."""
+        t0 = _now()
+        batch = build_batch(ro.prompts, ro.completions, ro.rewards, ro.groups, ro.seeds, self.tok.pad_id)
+        stats = train_on_rollout(self.alg, self.cfg, self.actor, self.critic, batch, self.backprop)
+        self.secs["train"] = _now() - t0
+        self.secs.update(stats.pop("seconds"))
+        self.record.event("update", update=update, optimizer_steps=len(stats["steps"]))
+        return batch, stats
+
+    def write_rollouts(self, update: int, ro: Rollout, batch: Batch) -> None:
+        with atomic_write(self.out / "rollouts" / f"update-{update:06d}.jsonl") as f:
+            for b, (c, (abs_idx, row, j)) in enumerate(zip(ro.completions, ro.rows, strict=True)):
+                mask = batch.mask[b].bool()
+                f.write(dumps_row({
+                    "update": update, "prompt_index": abs_idx, "data_line": row.line, "completion_index": j,
+                    "seed": ro.seeds[b], "prompt_tokens": ro.prompts[b], "tokens": c.tokens,
+                    "logprobs": c.logprobs, "reward": ro.rewards[b],
+                    "advantage": float(batch.advantages[b][mask].mean()) if batch.mask[b].any() else 0.0,
+                    "version": c.version, "digest": c.digest, "trace": c.trace,
+                    # a remote engine's node; absent in-process (the file stays as it was)
+                    **({"engine_node": c.node} if c.node is not None else {}),
+                }) + "\n")
+
+    # ---- publication and checkpoint -------------------------------------------------------------
+    def publish(self, version: int) -> publication.Manifest:
+        t0 = _now()
+        man = publication.publish(self.provider, self.actor.module, self.pubs, version,
+                                  model_revision=self.model_rev, engine_revision=self.engine_rev, dtype=self.dtype)
+        t1 = _now()
+        self.engine.load_publication(publication.version_dir(self.pubs, version))
+        t2 = _now()
+        self.prune_publications()  # only once the engine serves the new version may older weights go
+        self.pub_secs.update(publish_write=t1 - t0, engine_load=t2 - t1)
+        self.record.event("publish", version=version, digest=man.digest, seconds=round(t2 - t0, 4))
+        return man
+
+    def publish_update(self, update: int) -> publication.Manifest:
+        t0 = time.perf_counter()
+        self.cursor += self.cfg.prompts_per_update
+        self.version = update
+        man = self.publish(self.version)
+        self.secs["publish"] = _now() - t0
+        self.secs.update(self.pub_secs)
+        return man
+
+    def checkpoint(self, update: int, man: publication.Manifest) -> bool:
+        """Checkpoint ``update`` (in the background when there is room for the copy); True if so."""
+        t0 = _now()
+        state = {"actor_trainer": self.actor.state_dict(), "data_cursor": self.cursor, "version": self.version,
+                 "digest": man.digest, "settings": self.cfg.to_dict()}
+        if self.critic is not None:
+            state["critic_trainer"] = self.critic.state_dict()
+        args: dict[str, Any] = dict(
+            actor=self.actor.module, critic=self.critic.module if self.critic else None, state=state,
+            actor_publication=str(publication.version_dir(self.pubs, self.version).relative_to(self.out))
+            if self.actor_in_publication else None,
+        )
+        background = False
+        if self.writer is not None:
+            self.checkpoint_written(self.writer.wait())  # one copy at a time
+            self.secs["checkpoint_wait"] = _now() - t0
+            try:
+                self.writer.submit(update, ckpt.capture(update, **args))
+                background = True
+            except torch.OutOfMemoryError:  # no room for the copy beside training: write it now
+                _empty_cache()
+                self.record.event("checkpoint_in_line", update=update, reason="out of memory for the copy")
+        if not background:
+            ckpt.save_checkpoint(self.out, update, **args)
+            self.checkpoint_written(None)
+        self.secs["checkpoint"] = _now() - t0
+        path = ckpt.checkpoint_dir(self.out, update)
+        self.record.event("checkpoint", update=update, path=str(path.relative_to(self.out)), background=background)
+        return background
+
+    def checkpoint_written(self, done: tuple[int, Path, float] | None) -> None:
         # a checkpoint is whole: older ones (and the versions only they read) may go
         if done is not None:
-            record.event("checkpoint_written", update=done[0], path=str(done[1].relative_to(out)),
-                         seconds=round(done[2], 4))
-        if ckpt.prune_checkpoints(out, cfg.keep_checkpoints):
-            prune_publications()
+            self.record.event("checkpoint_written", update=done[0], path=str(done[1].relative_to(self.out)),
+                              seconds=round(done[2], 4))
+        if ckpt.prune_checkpoints(self.out, self.cfg.keep_checkpoints):
+            self.prune_publications()
 
-    def prune_publications() -> None:
+    def prune_publications(self) -> None:
         # never the weights of a version a kept checkpoint may read its actor from (version k is
         # checkpoint k's), whatever this session decides below: a resume's first publication
         # prunes before that, and a run that published v(n+1) but stopped before checkpoint n+1
-        # resumes from checkpoint n
-        # (and the checkpoint being written in the background reads its version too)
+        # resumes from checkpoint n (and the checkpoint being written in the background reads its
+        # version too)
+        writer = self.writer
         pending = {writer.pending} if writer is not None and writer.pending is not None else set()
-        publication.prune(pubs, cfg.keep_publications, set(ckpt.list_checkpoints(out)) | pending)
+        publication.prune(self.pubs, self.cfg.keep_publications, set(ckpt.list_checkpoints(self.out)) | pending)
 
-    def publish(version: int) -> publication.Manifest:
-        t0 = _now()
-        man = publication.publish(
-            provider, actor.module, pubs, version, model_revision=model_rev, engine_revision=engine_rev, dtype=pub_dtype
-        )
-        t1 = _now()
-        engine.load_publication(publication.version_dir(pubs, version))
-        t2 = _now()
-        prune_publications()  # only once the engine serves the new version may older weights go
-        pub_secs.update(publish_write=t1 - t0, engine_load=t2 - t1)
-        record.event("publish", version=version, digest=man.digest, seconds=round(t2 - t0, 4))
-        return man
+    # ---- log and finish -----------------------------------------------------------------------
+    def log(self, update: int, ro: Rollout, stats: dict[str, Any], background: bool) -> None:
+        self.session["updates_run"].append(update)
+        n_tokens = sum(len(c.tokens) for c in ro.completions)
+        row = {
+            "update": update,
+            "version": self.version,
+            "reward_mean": sum(ro.rewards) / len(ro.rewards),
+            "tokens": n_tokens,
+            "tokens_per_s": n_tokens / max(self.secs["rollout"], 1e-9),
+            "seconds": {k: round(v, 4) for k, v in self.secs.items()},
+            **({"peak_memory_gib": _peaks()} if _peaks() else {}),
+            **{k: v for k, v in stats.items() if k != "steps"},
+            "steps": stats["steps"],
+        }
+        self.metrics.append(row)
+        keys = ("update", "reward_mean", "approx_kl", "clipfrac", "entropy", "tokens_per_s")
+        print(dumps_row({k: row[k] for k in keys if k in row}), flush=True)
 
-    rng_after_publish = None
-    if cfg.resume:
-        metrics.keep_until(start)  # rows past the checkpoint are recomputed
-    if start:
-        path = ckpt.checkpoint_dir(out, start)
-        state = resume_state
-        ckpt.load_weights(actor.module, state["actor"], f"{path}/actor.safetensors")
-        actor.load_state_dict(state["actor_trainer"])
-        if critic is not None:
-            ckpt.load_weights(critic.module, state["critic"], f"{path}/critic.safetensors")
-            critic.load_state_dict(state["critic_trainer"])
-        cursor = state["data_cursor"]
-        session["resumed_from"] = str(path.relative_to(out))
-        record.event("load_checkpoint", update=start, path=session["resumed_from"], version=state["version"])
-        rng_after_publish = state["rng"]
-    else:
-        cursor = 0
-        ckpt.seed_everything(cfg.seed)
-    version = start
-    man = publish(version)  # a resumed run republishes its restored weights before the first rollout
-    # does a publication hold exactly the actor's state dict? then checkpoints need not write the
-    # actor again (see hobson.rl.checkpoint); one hash of the weights per session decides
-    own = {k: v.detach() for k, v in actor.module.state_dict().items()}
-    actor_in_publication = publication.tensors_digest(own) == man.digest
-    del own
-    session["checkpoint_actor"] = "publication" if actor_in_publication else "own file"
-    if rng_after_publish is not None:
-        ckpt.set_rng_state(rng_after_publish)
-
-    last = cfg.stop_after or cfg.updates
-    try:
-        for update in progress(range(start + 1, last + 1), desc=f"rl {cfg.algorithm} updates"):
-            # a fault test lands its fault here: the previous checkpoint whole, this update not begun
-            settle = None if writer is None else lambda: checkpoint_written(writer.wait())
-            faults.hold(f"update-{update}", settle=settle)
-            secs: dict[str, float] = {}
-            _reset_peaks()
-            t0 = _now()
-            picked = rldata.batch_rows(rows, cursor, cfg.prompts_per_update)
-            prompts, seeds, groups, meta_rows = [], [], [], []
-            for i, (abs_idx, row) in enumerate(picked):
-                ptoks = rldata.encode_prompt(tok, row.prompt, cfg.max_prompt_tokens)
-                for j in range(cfg.completions_per_prompt):
-                    prompts.append(ptoks)
-                    # VIME's rollout_id = update - 1 and sample index = (rollout_id * prompts + i) *
-                    # completions + j, which is abs_idx * completions + j: the cursor moves by whole updates
-                    seeds.append(request_seed(cfg.seed, update - 1, abs_idx * cfg.completions_per_prompt + j))
-                    groups.append(i)
-                    meta_rows.append((abs_idx, row, j))
-            record.event("rollout", update=update, version=engine.version)
-            comps = engine.generate(prompts, seeds, cfg.temperature, cfg.max_new_tokens)
-            secs["rollout"] = _now() - t0
-            n_tokens = sum(len(c.tokens) for c in comps)
-
-            t0 = time.perf_counter()
-            rewards = []
-            for c, (_, row, _) in zip(comps, meta_rows, strict=True):
-                text_ids = [t for t in c.tokens if t != tok.eos_id]
-                rewards.append(float(reward_fn(tok.decode(text_ids), c.tokens, row.label)))
-            secs["reward"] = time.perf_counter() - t0
-
-            t0 = _now()
-            batch = build_batch(prompts, comps, rewards, groups, seeds, tok.pad_id)
-            stats = train_on_rollout(alg, cfg, actor, critic, batch, backprop)
-            secs["train"] = _now() - t0
-            secs.update(stats.pop("seconds"))
-            record.event("update", update=update, optimizer_steps=len(stats["steps"]))
-
-            with atomic_write(out / "rollouts" / f"update-{update:06d}.jsonl") as f:
-                for b, (c, (abs_idx, row, j)) in enumerate(zip(comps, meta_rows, strict=True)):
-                    f.write(
-                        dumps_row(
-                            {
-                                "update": update,
-                                "prompt_index": abs_idx,
-                                "data_line": row.line,
-                                "completion_index": j,
-                                "seed": seeds[b],
-                                "prompt_tokens": prompts[b],
-                                "tokens": c.tokens,
-                                "logprobs": c.logprobs,
-                                "reward": rewards[b],
-                                "advantage": float(batch.advantages[b][batch.mask[b].bool()].mean())
-                                if batch.mask[b].any()
-                                else 0.0,
-                                "version": c.version,
-                                "digest": c.digest,
-                                "trace": c.trace,
-                                # a remote engine's node; absent in-process (the file stays as it was)
-                                **({"engine_node": c.node} if c.node is not None else {}),
-                            }
-                        )
-                        + "\n"
-                    )
-
-            t0 = time.perf_counter()
-            cursor += cfg.prompts_per_update
-            version = update
-            man = publish(version)
-            secs["publish"] = _now() - t0
-            secs.update(pub_secs)
-            t0 = _now()
-            trainer_state = {
-                "actor_trainer": actor.state_dict(),
-                "data_cursor": cursor,
-                "version": version,
-                "digest": man.digest,
-                "settings": cfg.to_dict(),
-            }
-            if critic is not None:
-                trainer_state["critic_trainer"] = critic.state_dict()
-            ckpt_args: dict[str, Any] = dict(
-                actor=actor.module,
-                critic=critic.module if critic else None,
-                state=trainer_state,
-                actor_publication=str(publication.version_dir(pubs, version).relative_to(out))
-                if actor_in_publication
-                else None,
-            )
-            background = False
-            if writer is not None:
-                checkpoint_written(writer.wait())  # one copy at a time
-                secs["checkpoint_wait"] = _now() - t0
-                try:
-                    writer.submit(update, ckpt.capture(update, **ckpt_args))
-                    background = True
-                except torch.OutOfMemoryError:  # no room for the copy beside training: write it now
-                    _empty_cache()
-                    record.event("checkpoint_in_line", update=update, reason="out of memory for the copy")
-            if not background:
-                ckpt.save_checkpoint(out, update, **ckpt_args)
-                checkpoint_written(None)
-            secs["checkpoint"] = _now() - t0
-            path = ckpt.checkpoint_dir(out, update)
-            record.event("checkpoint", update=update, path=str(path.relative_to(out)), background=background)
-            session["updates_run"].append(update)
-            row_m = {
-                "update": update,
-                "version": version,
-                "reward_mean": sum(rewards) / len(rewards),
-                "tokens": n_tokens,
-                "tokens_per_s": n_tokens / max(secs["rollout"], 1e-9),
-                "seconds": {k: round(v, 4) for k, v in secs.items()},
-                **({"peak_memory_gib": _peaks()} if _peaks() else {}),
-                **{k: v for k, v in stats.items() if k != "steps"},
-                "steps": stats["steps"],
-            }
-            metrics.append(row_m)
-            print(
-                dumps_row(
-                    {
-                        k: row_m[k]
-                        for k in ("update", "reward_mean", "approx_kl", "clipfrac", "entropy", "tokens_per_s")
-                        if k in row_m
-                    }
-                ),
-                flush=True,
-            )
-        if writer is not None:
-            checkpoint_written(writer.wait())  # the run is done once its last checkpoint is whole
-        metrics.plot()
-        metrics.close()
-        session["finished_utc"] = utc_now()
-        session["stopped_after"] = cfg.stop_after if cfg.stop_after and cfg.stop_after < cfg.updates else None
-        record.save()
-    except BaseException:
-        # a failed or terminated run still finishes the checkpoint in flight (a whole checkpoint is
-        # worth keeping, and a resume starts from it); a failure there must not hide this one
-        if writer is not None:
-            with contextlib.suppress(Exception):
-                writer.wait()
-        raise
-    finally:
-        engine.close()
-    return session
+    def finish(self) -> None:
+        if self.writer is not None:
+            self.checkpoint_written(self.writer.wait())  # the run is done once its last checkpoint is whole
+        self.metrics.plot()
+        self.metrics.close()
+        cfg = self.cfg
+        self.session["finished_utc"] = utc_now()
+        self.session["stopped_after"] = cfg.stop_after if cfg.stop_after and cfg.stop_after < cfg.updates else None
+        self.record.save()
 
 
 def read_rollouts(output: str | os.PathLike, update: int) -> list[dict[str, Any]]:

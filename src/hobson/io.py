@@ -1,7 +1,8 @@
 """Atomic writes, digests and JSONL reading with ``file:line`` errors.
 
 Every output in hobson is written through :func:`atomic_write` (temp file in the same
-directory, fsync, rename) so a failed or killed stage never leaves a half-written file.
+directory, fsync, rename) or, for a directory, :func:`atomic_dir`, so a failed or killed stage
+never leaves a half-written file.
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 from hobson.errors import DataError
 
@@ -40,6 +42,48 @@ def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO[Any]]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_dir(target: str | os.PathLike, *, exists: Literal["replace", "keep"] = "replace",
+               mode: int | None = None) -> Iterator[Path]:
+    """Build the directory ``target`` in a hidden temporary sibling (yielded); when the block
+    succeeds, fsync its files and rename it into place. On failure the sibling goes, ``target``
+    stays as it was.
+
+    ``exists="replace"``: an existing ``target`` is replaced (moved aside first: a rename cannot
+    replace a non-empty directory). ``exists="keep"``: a ``target`` another process renamed into
+    place meanwhile wins and this copy is discarded (concurrent builders of the same bytes).
+    ``mode``: the directory's permissions (mkdtemp makes it private).
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        yield tmp
+        for f in sorted(tmp.rglob("*")):
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        if exists == "keep":
+            try:
+                os.rename(tmp, target)
+            except OSError:
+                if not target.exists():
+                    raise
+            return
+        old = None
+        if target.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+            os.rename(target, old / "x")
+        os.rename(tmp, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(tmp)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

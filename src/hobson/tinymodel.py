@@ -9,17 +9,15 @@ end on a CPU; pass ``--teacher DIR`` to label with a real model.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import shutil
 import string
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from hobson.errors import ConfigError
+from hobson.io import atomic_dir
 
 TINY_VOCAB_SIZE = 768
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
@@ -130,24 +128,13 @@ def ensure_default_teacher(model_dir: str | os.PathLike, corpus_texts: Sequence[
     target = Path(model_dir)
     digest = texts_sha256(corpus_texts)
     if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-        try:
+        # another process may win the race to rename: its directory holds the same bytes
+        with atomic_dir(target, exists="keep", mode=0o755) as tmp:
             tokenizer = build_tokenizer(corpus_texts)
             model = build_tiny_causal_lm(tokenizer, seed=seed)
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             (tmp / MODEL_CARD).write_text(json.dumps(_card(digest, seed), indent=2, sort_keys=True) + "\n")
-            os.chmod(tmp, 0o755)  # mkdtemp makes it private; the model is meant to be shared
-            try:
-                os.rename(tmp, target)
-            except OSError:
-                if not target.exists():
-                    raise
-                # Another process won the race; its directory holds the same bytes.
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                shutil.rmtree(tmp)
     if not _card_ok(target, digest, seed):
         raise ConfigError(
             f"{target}: exists but is not the default teacher for these texts and seed {seed} "

@@ -161,22 +161,28 @@ def _tb_scalars(tb: Path) -> dict[str, list[tuple[int, float]]]:
 TB_TAGS = ("loss", "ce", "kl_teacher", "kl_frozen", "acc", "grad_norm", "lr")
 
 
-def test_tensorboard_holds_each_logged_scalar_once_across_a_resume(runs, capfd):
-    """<output_dir>/tb: every logged number of every step, equal to the log line's; a stopped and
-    resumed run has each step once, with the uninterrupted run's values (resume is exact)."""
-    capfd.readouterr()
-    logged = runs("tb_full", 2)  # forked ranks: their stdout is fd 1, which capfd reads
-    lines = [json.loads(x) for x in capfd.readouterr().out.splitlines() if x.startswith('{"acc"')]
+def test_tensorboard_holds_each_logged_scalar_once_across_a_resume(runs, config_factory, tmp_path,
+                                                                   subprocess_env):
+    """<output_dir>/tb: every logged number of every step, equal to the log line's (one process,
+    its stdout read whole); a stopped and resumed two-rank run has each step once, with the
+    uninterrupted two-rank run's values (resume is exact), written by rank 0 only."""
+    cfg = config_factory(tmp_path / "train.yaml", tmp_path / "out")
+    proc = subprocess.run([sys.executable, "-m", "jobs.train", "--config", str(cfg)], cwd=REPO, env=subprocess_env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith('{"acc"')]
     assert [r["step"] for r in lines] == list(range(1, STEPS + 1))
-    full = _tb_scalars(logged / "out" / "tb")
-    assert "tokens_per_s" in full
+    one = _tb_scalars(tmp_path / "out" / "tb")
+    assert "tokens_per_s" in one
     for tag in TB_TAGS:
-        assert [s for s, _ in full[tag]] == list(range(1, STEPS + 1)), tag
-        assert [v for _, v in full[tag]] == pytest.approx([r[tag] for r in lines], rel=1e-6, abs=1e-12), tag
+        assert [s for s, _ in one[tag]] == list(range(1, STEPS + 1)), tag
+        assert [v for _, v in one[tag]] == pytest.approx([r[tag] for r in lines], rel=1e-6, abs=1e-12), tag
+    full = _tb_scalars(runs("w2", 2) / "out" / "tb")
     runs("tb_stop", 2, stop_after_steps=3)
     resumed = runs("tb_resume", 2, output="tb_stop")
     again = _tb_scalars(resumed / "out" / "tb")
     for tag in (*TB_TAGS, "tokens_per_s"):
         assert [s for s, _ in again[tag]] == list(range(1, STEPS + 1)), (tag, again[tag])
+        assert [s for s, _ in full[tag]] == list(range(1, STEPS + 1)), (tag, full[tag])
     for tag in TB_TAGS:
         assert again[tag] == full[tag], tag

@@ -16,12 +16,10 @@ either no checkpoint or a complete one. Training checkpoints live in
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hobson.errors import DataError
-from hobson.io import sha256_file
+from hobson.io import atomic_dir, sha256_file
 
 CONFIG, ADAPTER, HEAD, TEMPERATURES, TRAINER_STATE = (
     "config.json", "adapter.safetensors", "head.safetensors", "temperatures.json", "trainer_state.pt")
@@ -57,9 +55,7 @@ def save_checkpoint(path: str | os.PathLike, *, config: dict[str, Any], adapter:
                     trainer_state: dict[str, Any] | None = None) -> dict[str, str]:
     """Write the directory ``path`` atomically (replacing an old one); return ``{file: sha256}``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    try:
+    with atomic_dir(path) as tmp:
         (tmp / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         save_file({k: v.detach().cpu().contiguous() for k, v in adapter.items()}, str(tmp / ADAPTER))
         save_file({k: v.detach().cpu().contiguous() for k, v in head.items()}, str(tmp / HEAD))
@@ -67,23 +63,8 @@ def save_checkpoint(path: str | os.PathLike, *, config: dict[str, Any], adapter:
         (tmp / TEMPERATURES).write_text(json.dumps(temps, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         if trainer_state is not None:
             torch.save(trainer_state, tmp / TRAINER_STATE)
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
         digests = {f.name: sha256_file(f) for f in sorted(tmp.iterdir())}
-        old = None
-        if path.exists():
-            # Rename the old one aside first: os.rename cannot replace a non-empty directory.
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
-            os.rename(path, old / "x")
-        os.rename(tmp, path)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        return digests
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(tmp)
-        raise
+    return digests
 
 
 def load_checkpoint(path: str | os.PathLike, *, trainer_state: bool = True) -> Checkpoint:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,6 +19,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from hobson.errors import DataError
+from hobson.io import atomic_dir
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -416,9 +415,7 @@ def write_checkpoint(
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out}: exists and is not an empty directory; refusing to overwrite")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:  # out is absent or empty (checked above)
         names = sorted(tensors)
         shards: list[list[str]] = [[]]
         size = 0
@@ -445,15 +442,6 @@ def write_checkpoint(
             written.append(out / INDEX_FILE)
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         written.append(out / CONFIG_FILE)
-        for path in tmp.iterdir():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return sorted(written)
 
 

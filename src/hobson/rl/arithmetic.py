@@ -24,13 +24,12 @@ import json
 import os
 import random
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from hobson.io import write_json_atomic, write_text_atomic
+from hobson.io import atomic_dir, write_json_atomic, write_text_atomic
 from hobson.models import get_provider, tiny_config
 from hobson.models.huginn import latent_like
 from hobson.rl.config import RLConfig
@@ -153,24 +152,11 @@ def ensure_start_checkpoint(kind: str, cache_dir: str | os.PathLike, echo: Any =
     with contextlib.suppress(OSError, ValueError):
         if json.loads((target / CARD).read_text(encoding="utf-8")) == card:
             return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{kind}.", suffix=".tmp", dir=target.parent))
-    try:
+    with atomic_dir(target, exists="replace", mode=0o755) as tmp:
         with _threads():
             provider, model = train_start_model(kind, echo)
         provider.export(model, tmp)
         write_json_atomic(tmp / CARD, card)  # written last: a directory with its card is whole
-        os.chmod(tmp, 0o755)
-        if target.exists():
-            shutil.rmtree(target)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not target.exists():
-                raise
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(tmp)
     return target
 
 

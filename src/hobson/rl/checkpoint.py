@@ -29,7 +29,6 @@ import os
 import random
 import re
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -43,7 +42,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from hobson.errors import StageError
-from hobson.io import sha256_file
+from hobson.io import atomic_dir, sha256_file
 
 _NAME = re.compile(r"^update-(\d{6})$")
 MANIFEST = "manifest.json"
@@ -200,33 +199,21 @@ def _cuda_devices(obj: Any) -> set[torch.device]:
 def write(output: str | os.PathLike, update: int, snap: Snapshot) -> Path:
     """Write ``snap`` as checkpoint ``update``: a temporary directory, fsynced, then renamed."""
     final = checkpoint_dir(output, update)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
 
     def host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         # a private copy is only moved; a live tensor is copied (CPU tensors share their storage)
         return {k: (v.to("cpu") if snap.owned else v.to("cpu", copy=True)).contiguous() for k, v in tensors.items()}
 
-    try:
+    with atomic_dir(final) as tmp:
         if snap.actor is not None:
             save_file(host(snap.actor), str(tmp / "actor.safetensors"))
         if snap.critic is not None:
             save_file(host(snap.critic), str(tmp / "critic.safetensors"))
         with _without_crc32():
             torch.save({**snap.state, "format": FORMAT}, tmp / "state.pt")
-        files = {}
-        for p in sorted(tmp.iterdir()):
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
-            # hashed right after writing, from the page cache: what a resume verifies
-            files[p.name] = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+        # hashed right after writing, from the page cache: what a resume verifies
+        files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(tmp.iterdir())}
         _write_manifest(tmp / MANIFEST, {"format": FORMAT, "update": update, "files": files})
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return final
 
 

@@ -29,6 +29,7 @@ import torch  # noqa: E402
 from publish import SIZES, parse_args  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
+from hobson import rng  # noqa: E402
 from hobson.models import get_provider, tiny_config  # noqa: E402
 from hobson.rl import checkpoint as ckpt  # noqa: E402
 
@@ -53,7 +54,7 @@ def main() -> None:
         def plain(d: str) -> None:
             os.makedirs(d)
             save_file(ckpt.module_tensors(actor), os.path.join(d, "actor.safetensors"))
-            torch.save({**state, "rng": ckpt.rng_state()}, os.path.join(d, "state.pt"))
+            torch.save({**state, "rng": rng.capture()}, os.path.join(d, "state.pt"))
             fsync_tree(d)
 
         def now(d: str) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
 import sys
 import threading
@@ -32,11 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from hobson import faults
+from hobson import faults, rng
 from hobson.attention import varying_shape_sdpa
 from hobson.decider.checkpoint import (
     latest_checkpoint,
@@ -265,7 +263,7 @@ class DeciderTrainRecipe:
         self.collator.load_state_dict(state["collator"])
         rngs = state["rng"]
         if self.rank < len(rngs):
-            _set_rng_state(rngs[self.rank])
+            rng.restore(rngs[self.rank])
         self._log({"resumed_from": str(latest), "step": self.sampler.global_step()})
 
     # --- training ------------------------------------------------------------------------------
@@ -425,12 +423,12 @@ class DeciderTrainRecipe:
 
     def save_checkpoint(self, step: int) -> None:
         """Every rank contributes its RNG state; rank 0 writes ``checkpoints/step_XXXXXXXX``."""
-        rng = _get_rng_state()
+        mine = rng.capture()
         rngs = [None] * self.world_size
         if self.world_size > 1:
-            dist.all_gather_object(rngs, rng)
+            dist.all_gather_object(rngs, mine)
         else:
-            rngs = [rng]
+            rngs = [mine]
         if self.is_main:
             state = {"step": step, "world_size": self.world_size, "sampler": self.sampler.state_dict(),
                      "collator": self.collator.state_dict(), "optimizer": self.optimizer.state_dict(),
@@ -471,21 +469,6 @@ class DeciderTrainRecipe:
             signal.signal(signal.SIGUSR2, self._old_handler)
         if self._own_process_group and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _get_rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
 
 
 def recipe_main(cfg: TrainConfig) -> int:

@@ -26,7 +26,6 @@ import collections
 import contextlib
 import copy
 import os
-import random
 import re
 import shutil
 import threading
@@ -41,6 +40,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from hobson import rng
 from hobson.errors import StageError
 from hobson.io import atomic_dir, sha256_file
 
@@ -74,31 +74,6 @@ def list_checkpoints(output: str | os.PathLike) -> list[int]:
     if not root.is_dir():
         return []
     return sorted(int(m.group(1)) for p in root.iterdir() if (m := _NAME.match(p.name)) and (p / "state.pt").exists())
-
-
-def rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch_cpu": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["torch_cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch_cpu"])
-    if "torch_cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["torch_cuda"])
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % (1 << 32))
-    torch.manual_seed(seed)
 
 
 def module_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -154,7 +129,7 @@ def _snapshot(
     actor_publication: str | None,
     owned: bool,
 ) -> Snapshot:
-    full = {**state, "update": update, "rng": rng_state()}
+    full = {**state, "update": update, "rng": rng.capture()}
     if actor_publication is not None:
         full["actor_publication"] = actor_publication
     return Snapshot(

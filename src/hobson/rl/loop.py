@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hobson import faults
+from hobson import faults, rng
 from hobson.errors import ConfigError, DigestMismatch, StageError
 from hobson.io import atomic_write, dumps_row, read_jsonl, write_json_atomic
 from hobson.models import get_provider, tiny_config
@@ -584,7 +584,7 @@ class RLRecipe:
             rng_after_publish = state["rng"]
         else:
             self.cursor = 0
-            ckpt.seed_everything(cfg.seed)
+            rng.seed_everything(cfg.seed)
         self.version = self.start
         man = self.publish(self.version)  # a resumed run republishes its restored weights before the first rollout
         # does a publication hold exactly the actor's state dict? then checkpoints need not write the
@@ -594,7 +594,7 @@ class RLRecipe:
         del own
         session["checkpoint_actor"] = "publication" if self.actor_in_publication else "own file"
         if rng_after_publish is not None:
-            ckpt.set_rng_state(rng_after_publish)
+            rng.restore(rng_after_publish)
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:

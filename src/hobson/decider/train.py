@@ -423,7 +423,7 @@ class DeciderTrainRecipe:
 
     def save_checkpoint(self, step: int) -> None:
         """Every rank contributes its RNG state; rank 0 writes ``checkpoints/step_XXXXXXXX``."""
-        mine = rng.capture()
+        mine = rng.capture(cuda="current")
         rngs = [None] * self.world_size
         if self.world_size > 1:
             dist.all_gather_object(rngs, mine)

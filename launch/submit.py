@@ -288,7 +288,38 @@ def cmd_verify(args: argparse.Namespace) -> int:
             print(f"ok       {rel}")
     print(f"verify {paths.run_dir.name}: {len(expected) - bad}/{len(expected)} outputs match their record"
           + ("" if not bad else f"; {bad} differ"))
-    return 1 if bad else 0
+    n, corrupt = _verify_rl_dirs(paths, args.verbose)
+    if n:
+        print(f"verify {paths.run_dir.name}: {n - corrupt}/{n} RL checkpoints and publications match their manifests"
+              + ("" if not corrupt else f"; {corrupt} corrupt"))
+    return 1 if bad or corrupt else 0
+
+
+def _verify_rl_dirs(paths: RunPaths, verbose: bool) -> tuple[int, int]:
+    """Re-hash every RL checkpoint (per-file SHA-256 of its manifest) and every publication that
+    still holds its weights (the digest of its tensors) under the run directory."""
+    ckpts = sorted(d for d in paths.run_dir.rglob("update-*") if d.is_dir() and d.parent.name == "checkpoints"
+                   and not d.name.endswith(".corrupt"))
+    pubs = sorted(d for d in paths.run_dir.rglob("v*") if d.is_dir() and d.parent.name == "publications"
+                  and (d / "config.json").is_file())
+    if not ckpts and not pubs:
+        return 0, 0
+    from hobson.errors import DigestMismatch
+    from hobson.rl.checkpoint import CheckpointCorrupt, verify_checkpoint
+    from hobson.rollout import publication
+
+    corrupt = 0
+    for d, check in [(d, verify_checkpoint) for d in ckpts] + [(d, publication.verify) for d in pubs]:
+        rel = d.relative_to(paths.run_dir)
+        try:
+            check(d)
+        except (CheckpointCorrupt, DigestMismatch, publication.PublicationError) as e:
+            print(f"CORRUPT  {rel}: {e}")
+            corrupt += 1
+            continue
+        if verbose:
+            print(f"ok       {rel}")
+    return len(ckpts) + len(pubs), corrupt
 
 
 # ---------------------------------------------------------------------------------------------
@@ -382,7 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("rest", nargs=argparse.REMAINDER, help=f"arguments of python -m jobs.{job}")
         sp.set_defaults(fn=_passthrough(job))
 
-    v = sub.add_parser("verify", help="re-hash every output of a run against its record")
+    v = sub.add_parser("verify", help="re-hash every output of a run against its record, and its RL checkpoints "
+                                      "and publications against their manifests")
     v.add_argument("run", help="run directory or run id")
     v.add_argument("-v", "--verbose", action="store_true", help="also list outputs that match")
     v.set_defaults(fn=cmd_verify)

@@ -23,7 +23,7 @@ import signal
 import sys
 from typing import Any
 
-from hobson.errors import HobsonError
+from hobson.errors import HobsonError, internal_error
 
 HELP: dict[str, str] = {
     "algorithm": "ppo | grpo | dppo | flow-dppo",
@@ -141,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     except HobsonError as e:
         print(f"rl: error: {e}", file=sys.stderr)
         return 1
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as e:  # a bug: one message and the traceback in a file, unless HOBSON_DEBUG=1
+        return internal_error(e, "rl")
 
 
 if __name__ == "__main__":

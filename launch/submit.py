@@ -23,7 +23,7 @@ for _p in (str(_REPO / "src"), str(_REPO)):
         sys.path.insert(0, _p)
 
 from hobson.config import config_digest, load_config  # noqa: E402
-from hobson.errors import HobsonError  # noqa: E402
+from hobson.errors import HobsonError, internal_error  # noqa: E402
 from hobson.io import sha256_file  # noqa: E402
 from hobson.records import (  # noqa: E402
     REPO_ROOT,  # noqa: E402
@@ -530,18 +530,18 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in PASSTHROUGH:  # their own parsers own every flag, --help included
         return _passthrough(PASSTHROUGH[argv[0]])(argparse.Namespace(rest=argv[1:]))
-    if argv and argv[0] == "rl":
-        try:
-            return cmd_rl(argv[1:])
-        except HobsonError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-    args = build_parser().parse_args(argv)
     try:
+        if argv and argv[0] == "rl":
+            return cmd_rl(argv[1:])
+        args = build_parser().parse_args(argv)
         return args.fn(args)
     except HobsonError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as e:  # a bug: one message and the traceback in a file, unless HOBSON_DEBUG=1
+        return internal_error(e, "submit.py")
 
 
 if __name__ == "__main__":

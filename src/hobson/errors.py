@@ -19,3 +19,25 @@ class DigestMismatch(HobsonError):
 
 class StageError(HobsonError):
     """A stage failed or cannot run (e.g. a missing input)."""
+
+
+def internal_error(exc: BaseException, prog: str) -> int:
+    """One clear message for a bug (an exception that is not a :class:`HobsonError`): what failed,
+    and the file its traceback went to; ``HOBSON_DEBUG=1`` re-raises instead (full traceback).
+    Returns the exit code, 70 (EX_SOFTWARE)."""
+    import os
+    import sys
+    import tempfile
+    import time
+    import traceback
+
+    if os.environ.get("HOBSON_DEBUG") == "1":
+        raise exc
+    fd, path = tempfile.mkstemp(prefix=f"hobson-internal-error-{time.strftime('%Y%m%dT%H%M%S')}-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{prog} {' '.join(sys.argv[1:])}\n\n")
+        traceback.print_exception(exc, file=f)
+    print(f"{prog}: internal error: {type(exc).__name__}: {exc}\n"
+          f"  this is a bug in hobson, not in your input; the traceback is in {path}\n"
+          f"  (HOBSON_DEBUG=1 prints it here instead); please report it with that file", file=sys.stderr)
+    return 70

@@ -25,19 +25,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_REPO = Path(__file__).resolve().parents[1]
-for _p in (str(_REPO / "src"), str(_REPO)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+from botocore.exceptions import ClientError
 
-from botocore.exceptions import ClientError  # noqa: E402
-
-from aws import codesync, commands, host, infra  # noqa: E402
-from aws.clients import Clients, error_code  # noqa: E402
-from aws.options import DEFAULT_AWS_CONFIG, AwsConfig  # noqa: E402
-from hobson.config import load_config  # noqa: E402
-from hobson.errors import HobsonError  # noqa: E402
-from hobson.io import atomic_write  # noqa: E402
+from hobson.aws import codesync, commands, host, infra
+from hobson.aws.clients import Clients, error_code
+from hobson.aws.options import DEFAULT_AWS_CONFIG, AwsConfig
+from hobson.config import load_config
+from hobson.errors import HobsonError
+from hobson.io import atomic_write
+from hobson.records import REPO_ROOT
 
 
 @dataclass
@@ -150,7 +146,7 @@ def cancel_payload(cfg: AwsConfig, run_id: str) -> list[str]:
 
 
 class Runner:
-    def __init__(self, cfg: AwsConfig, clients: Clients | None = None, *, repo: Path = _REPO,
+    def __init__(self, cfg: AwsConfig, clients: Clients | None = None, *, repo: Path = REPO_ROOT,
                  echo: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep) -> None:
         self.cfg = cfg
         self.clients = clients or Clients()
@@ -349,7 +345,7 @@ class Runner:
         return host.teardown(self.clients, self.cfg, regions, run_id)
 
 
-def dry_run(cfg: AwsConfig, argv: list[str], run_id: str, ngpu: int, *, repo: Path = _REPO,
+def dry_run(cfg: AwsConfig, argv: list[str], run_id: str, ngpu: int, *, repo: Path = REPO_ROOT,
             revision: str = "HEAD", allow_dirty: bool = True, out: Callable[[str], None] = print) -> None:
     """Print every AWS call a first run in an empty account makes, and the host command; call nothing."""
     clients = Clients(dry_run=True, out=out)
@@ -425,8 +421,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from hobson.launch.backends.aws import AwsBackend
     from hobson.records import RunPaths, new_run_id, new_run_json, write_run_json
-    from launch.backends.aws import AwsBackend
 
     run_argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not run_argv:
@@ -446,8 +442,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _attached(args: argparse.Namespace) -> int:
+    from hobson.launch.backends.aws import AwsBackend
     from hobson.records import RunPaths
-    from launch.backends.aws import AwsBackend
 
     paths = RunPaths.attach(args.run)
     backend = AwsBackend(args.config) if args.config != DEFAULT_AWS_CONFIG else AwsBackend.for_run(paths)

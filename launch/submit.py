@@ -17,16 +17,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_REPO = Path(__file__).resolve().parents[1]
-for _p in (str(_REPO / "src"), str(_REPO)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
-
-from hobson.config import config_digest, load_config  # noqa: E402
-from hobson.errors import HobsonError  # noqa: E402
-from hobson.io import sha256_file  # noqa: E402
-from hobson.records import (  # noqa: E402
-    REPO_ROOT,  # noqa: E402
+from hobson.config import config_digest, load_config
+from hobson.errors import HobsonError
+from hobson.io import sha256_file
+from hobson.launch import backends, dag, status
+from hobson.launch.backends.base import Backend, BackendOptions, Launch, job_progress, recorded_absence
+from hobson.launch.options import DEFAULT_CLUSTER, DEFAULT_RECIPE, ClusterProfile, RecipeConfig
+from hobson.records import (
+    REPO_ROOT,
     RunPaths,
     new_run_id,
     new_run_json,
@@ -34,9 +32,6 @@ from hobson.records import (  # noqa: E402
     read_stage_records,
     write_run_json,
 )
-from launch import backends, dag, status  # noqa: E402
-from launch.backends.base import Backend, BackendOptions, Launch, job_progress, recorded_absence  # noqa: E402
-from launch.options import DEFAULT_CLUSTER, DEFAULT_RECIPE, ClusterProfile, RecipeConfig  # noqa: E402
 
 BACKENDS = backends.NAMES
 
@@ -259,7 +254,7 @@ def _passthrough(job: str):
     def run(args: argparse.Namespace) -> int:
         import importlib
 
-        return importlib.import_module(f"jobs.{job}").main(args.rest) or 0
+        return importlib.import_module(f"hobson.jobs.{job}").main(args.rest) or 0
 
     return run
 
@@ -314,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--logs-dir", default=None,
                    help="root for logs; the run logs to <root>/<run-id>/ (default ./logs)")
     r.add_argument("--config", type=Path, default=DEFAULT_RECIPE,
-                   help=f"recipe config YAML (default {DEFAULT_RECIPE.relative_to(_REPO)})")
+                   help=f"recipe config YAML (default {DEFAULT_RECIPE.relative_to(REPO_ROOT)})")
     r.add_argument("--cluster", type=Path, default=DEFAULT_CLUSTER,
                    help="cluster profile YAML under configs/cluster/: partition, account, qos, constraint, "
                         "time limits per stage, extra #SBATCH lines")
@@ -378,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
             ("verify-resume", "verify_resume", "compare two RL runs item by item (bit for bit): RUN_A RUN_B"),
             ("rl", "rl", "recurrent-policy RL (ppo, grpo, dppo, flow-dppo) as a recorded run; rl --help")):
         sp = sub.add_parser(name, help=text, add_help=False,
-                            description=f"{text}. Runs jobs.{job} here; `{name} --help` lists its flags.")
+                            description=f"{text}. Runs hobson.jobs.{job} here; `{name} --help` lists its flags.")
         sp.add_argument("rest", nargs=argparse.REMAINDER, help=f"arguments of python -m jobs.{job}")
         sp.set_defaults(fn=_passthrough(job))
 

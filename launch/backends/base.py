@@ -1,7 +1,7 @@
 """The Backend interface, and what every backend shares: the job environment, what is
 already done, failure reports, log files.
 
-A backend is chosen once, from the registry in :mod:`launch.backends` (by name for a new run,
+A backend is chosen once, from the registry in :mod:`hobson.launch.backends` (by name for a new run,
 from the run record for an existing one); the launcher then calls only the :class:`Backend`
 methods below, so nothing outside ``launch/backends/`` knows which backend runs a run.
 """
@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from hobson.io import sha256_file
+from hobson.launch.dag import JobSpec
 from hobson.records import REPO_ROOT, RunPaths, latest_records, read_stage_records
-from launch.dag import JobSpec
 
 
 @dataclass
 class BackendOptions:
     """How a run asked for its backend; recorded in run.json, so any later command rebuilds the
-    same backend from the record alone (:func:`launch.backends.for_run`)."""
+    same backend from the record alone (:func:`hobson.launch.backends.for_run`)."""
 
     ngpu: int = 1
     cluster: str | None = None  # cluster profile YAML (slurm); None: configs/cluster/default.yaml

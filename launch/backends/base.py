@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Protocol
 
 from hobson.io import sha256_file
 from hobson.launch.dag import JobSpec
-from hobson.records import REPO_ROOT, RunPaths, latest_records, read_stage_records
+from hobson.records import RunPaths, latest_records, read_stage_records
 
 
 @dataclass
@@ -115,9 +115,9 @@ def scrubbed_environ(base: dict[str, str] | None = None) -> dict[str, str]:
 
 def job_environ(job: JobSpec, *, task: int | None = None, gpus: list[int] | None = None) -> dict[str, str]:
     """The environment a job runs in, identical in meaning on every backend."""
+    # No PYTHONPATH: a job imports the installed hobson (hobson.jobs.<job> included) like the
+    # launcher does, and a dotted test job module is found from the working directory, the checkout.
     env = scrubbed_environ()
-    src = str(REPO_ROOT / "src")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), src] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     # Thread counts fixed per stage, so a CPU result does not depend on who ran it.
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env[var] = str(job.resources.cpus)

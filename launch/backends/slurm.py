@@ -181,9 +181,9 @@ class SlurmBackend:
             throttle = min(job.throttle or len(shards), len(shards))
             array = f"0-{len(shards) - 1}%{throttle}"
         setup = [
+            # the checkout: relative paths in job arguments, and `python -m` puts it on sys.path for
+            # a dotted test job module; hobson itself is the profile python's install (no PYTHONPATH)
             f"cd {shlex.quote(str(REPO_ROOT))}",
-            f'export PYTHONPATH={shlex.quote(str(REPO_ROOT))}:{shlex.quote(str(REPO_ROOT / "src"))}'
-            "${PYTHONPATH:+:$PYTHONPATH}",
             f"export OMP_NUM_THREADS={cpus} MKL_NUM_THREADS={cpus} OPENBLAS_NUM_THREADS={cpus} HOBSON_CPUS={cpus}",
             "export PYTHONUNBUFFERED=1",
         ]

@@ -7,8 +7,9 @@
     python -m aws.runner teardown [--run-id ID]              # terminate only hosts this tool tagged
 
 A run is started by one ``AWS-RunShellScript`` command (:func:`start_payload`) that fetches the
-code archive from S3, checks its sha256, unpacks it, runs ``aws/host_setup.sh``, and starts
-``python -m aws.hostrun ... -- launch/submit.py ARGV --backend local ...`` under ``nohup setsid``,
+code archive from S3, checks its sha256, unpacks it into ``<home>/code/<run id>``, runs
+``aws/host_setup.sh`` there (which installs that code into the host venv, editable), and starts
+``python -m hobson.aws.hostrun ... -- launch/submit.py ARGV --backend local ...`` under ``nohup setsid``,
 so the run outlives the command. The host mirrors its run record, logs and outputs to
 ``s3://<bucket>/runs/<run id>/``; ``status``, ``logs`` and ``fetch`` read them from there.
 """
@@ -88,7 +89,7 @@ def start_payload(cfg: AwsConfig, *, bucket: str, bucket_region: str, run_id: st
         setup += ["--prefetch", m]
     remote_argv = ["launch/submit.py", *argv, "--backend", "local", "--run-dir", f"{h.home}/runs/{run_id}",
                    "--logs-dir", f"{h.home}/logs"]
-    hostrun = ["-m", "aws.hostrun", "--bucket", bucket, "--prefix", f"runs/{run_id}",
+    hostrun = ["-m", "hobson.aws.hostrun", "--bucket", bucket, "--prefix", f"runs/{run_id}",
                "--run-dir", f"{h.home}/runs/{run_id}", "--logs-dir", f"{h.home}/logs/{run_id}",
                "--interval", str(cfg.mirror_interval_s), "--own-log", f"{h.home}/runs/{run_id}.hostrun.log",
                "--", *remote_argv]
@@ -112,12 +113,12 @@ def start_payload(cfg: AwsConfig, *, bucket: str, bucket_region: str, run_id: st
         f'echo "{code_sha256}  $STAGE/code.tar.gz" | sha256sum -c --quiet - '
         '|| { echo "hobson: code archive digest mismatch" >&2; exit 3; }',
         'tar -xzf "$STAGE/code.tar.gz" -C "$STAGE/code"',
-        'cd "$STAGE/code"',
-        shlex.join(setup),
         'CODE="$HOBSON_HOME/code/$RUN_ID"',
         'rm -rf "$CODE" && mkdir -p "$HOBSON_HOME/code" "$HOBSON_HOME/runs" && mv "$STAGE/code" "$CODE"',
         'rm -rf "$STAGE"',
         'cd "$CODE"',
+        # set up from the code's final place: the venv's editable install of hobson points here
+        shlex.join(setup),
         '. "$HOBSON_HOME/env.sh"',
         f'nohup setsid "$HOBSON_PYTHON" {shlex.join(hostrun)} '
         '> "$HOBSON_HOME/runs/$RUN_ID.hostrun.log" 2>&1 < /dev/null &',

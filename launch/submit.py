@@ -290,8 +290,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 # CLI
 
 
+def _prog() -> str:
+    """How the user called the launcher: the ``hobson`` console script or ``python launch/submit.py``."""
+    return "hobson" if Path(sys.argv[0]).name == "hobson" else "python launch/submit.py"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python launch/submit.py", description=__doc__,
+    p = argparse.ArgumentParser(prog=_prog(), description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -430,7 +435,7 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
 
 
 def cmd_rl(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python launch/submit.py rl", usage=RL_USAGE, add_help=False)
+    p = argparse.ArgumentParser(prog=f"{_prog()} rl", usage=RL_USAGE, add_help=False)
     p.add_argument("--backend", choices=BACKENDS, default=None)
     p.add_argument("--ngpu", type=int, default=1)
     p.add_argument("--run-dir", default=None)

@@ -23,15 +23,30 @@ RL = ["deepspeed>=0.15", "math-verify>=0.7", "tensorboard>=2.14"]
 AWS = ["boto3>=1.34"]
 DEV = ["pytest>=8", "ruff>=0.6", "moto[server]>=5.0", "scipy>=1.10"]
 
+# The launcher, the job entry points and the AWS runner stay top-level folders of the checkout
+# (``python launch/submit.py``, ``python -m jobs.<name>`` from the repo root) but are installed
+# inside the hobson package, so site-packages gains no ``launch``/``jobs``/``aws`` of its own and
+# no code has to put the checkout on sys.path. They are listed by hand: find_packages("src") does
+# not see folders outside src/. An editable install (the README's `pip install -e .`) resolves
+# them to these folders, so REPO_ROOT (hobson.records) and Path(__file__) stay in the checkout.
+PACKAGE_DIR = {
+    "hobson.launch": "launch",
+    "hobson.launch.backends": "launch/backends",
+    "hobson.jobs": "jobs",
+    "hobson.aws": "aws",
+}
+
 setup(
     name="hobson",
     version="0.1.0",
     description="Slurm batch-script suite with a Python launcher for LM training recipes and RL",
     python_requires=">=3.10",
-    package_dir={"": "src"},
-    packages=find_packages("src"),
+    package_dir={"": "src", **PACKAGE_DIR},
+    packages=[*find_packages("src"), *PACKAGE_DIR],
     include_package_data=True,
     package_data={"hobson.rl": ["default_data.jsonl"]},
+    # `hobson ARGS` is `python launch/submit.py ARGS`; the wrapper exits with main()'s return value
+    entry_points={"console_scripts": ["hobson = hobson.launch.submit:main"]},
     install_requires=CORE,
     extras_require={
         "train": TRAIN,

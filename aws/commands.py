@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from botocore.exceptions import ClientError
 
-from aws.clients import error_code
-from aws.options import AwsConfig, PollOptions
+from hobson.aws.clients import error_code
+from hobson.aws.options import AwsConfig, PollOptions
 from hobson.errors import HobsonError
 
 FINAL = ("Success", "Failed", "TimedOut", "Cancelled")

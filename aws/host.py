@@ -17,9 +17,9 @@ from datetime import datetime, timezone
 
 from botocore.exceptions import ClientError
 
-from aws.clients import Clients, error_code
-from aws.infra import Infra, ensure_security_group
-from aws.options import AwsConfig
+from hobson.aws.clients import Clients, error_code
+from hobson.aws.infra import Infra, ensure_security_group
+from hobson.aws.options import AwsConfig
 from hobson.errors import HobsonError
 
 # Errors after which another type, zone or region may still work.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Host set-up for the AWS backend, run from an unpacked code archive by the SSM command.
-# Idempotent: a second run changes nothing unless setup.py, the extras or the interpreter changed.
+# Idempotent: a second run reinstalls the dependencies only when setup.py, the extras or the
+# interpreter changed; it always points the venv's hobson at the code dir it runs from.
 #
 #   bash aws/host_setup.sh --home /opt/dlami/nvme/hobson [--python python3] [--no-venv] [--extras aws,train]
 #                          [--scratch-mount /opt/dlami/nvme] [--prefetch MODEL_ID]...
@@ -10,7 +11,9 @@
 # 1. scratch: if --scratch-mount is given, nothing is mounted there, and the host has unmounted
 #    instance-store NVMe disks, they are formatted (RAID 0 when several) and mounted there;
 # 2. a venv at <home>/venv that sees the image's CUDA torch (--system-site-packages; a torch wheel
-#    for the driver's CUDA is installed only when the image has none) plus setup.py's extras;
+#    for the driver's CUDA is installed only when the image has none) plus setup.py's extras, and
+#    this code dir installed editable into it on every run, so the run imports this code (hobson,
+#    hobson.launch, hobson.jobs, hobson.aws); with --no-venv the interpreter is used as it is;
 # 3. <home>/hf-cache as HF_HOME, models pre-fetched into it when the host reaches huggingface.co;
 # 4. <home>/env.sh (HOBSON_PYTHON, HF_HOME, TMPDIR) for the run to source; then the check.
 set -euo pipefail
@@ -52,6 +55,11 @@ if shutil.which("nvidia-smi"):
     if len(out) != n:
         raise SystemExit(f"[host] nvidia-smi sees {len(out)} GPUs but torch sees {n}: torch/driver mismatch")
 print(f"[host] GPU count: {n}")
+try:  # the code the run imports: this code dir in the venv, whatever is installed with --no-venv
+    import hobson.launch
+    print(f"[host] hobson.launch from {hobson.launch.__path__[0]}")
+except ImportError as e:
+    print(f"[host] hobson.launch not importable ({e}): install hobson (pip install -e .) into this python")
 PYEOF
 }
 
@@ -92,11 +100,14 @@ if [ "$VENV" = 1 ]; then
     fi
     TORCH_PIN="torch==$("$RUN_PY" -c 'import torch; print(torch.__version__.split("+")[0])')"
     # The torch already there is pinned in the same command, so pip never swaps in another CUDA build.
-    "${PIP[@]}" "$TORCH_PIN" ".[$EXTRAS]"
+    "${PIP[@]}" "$TORCH_PIN" -e ".[$EXTRAS]"
     echo "$STAMP" > "$V/.hobson-stamp"
     echo "[host] venv $V ready"
   else
-    echo "[host] venv $V up to date"
+    # hobson.launch/jobs/aws are importable only as installed (setup.py maps them into hobson):
+    # re-point the editable install at this run's code; the dependencies are already there
+    "${PIP[@]}" --no-deps -e .
+    echo "[host] venv $V up to date; hobson from $(pwd)"
   fi
 else
   RUN_PY="$(command -v "$PY")"

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from botocore.exceptions import ClientError
 
-from aws.clients import error_code
+from hobson.aws.clients import error_code
 from hobson.errors import ConfigError, HobsonError
 
 SSM_CORE = "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"

@@ -6,12 +6,12 @@ Unknown keys are errors naming ``file:line``; combinations are checked in ``__po
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from hobson.config import config_from_dict
 from hobson.errors import ConfigError
+from hobson.records import REPO_ROOT
 
-DEFAULT_AWS_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "aws.yaml"
+DEFAULT_AWS_CONFIG = REPO_ROOT / "configs" / "aws.yaml"
 
 # Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04): NVIDIA driver, CUDA, aws CLI, python3.
 DLAMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"

@@ -7,8 +7,9 @@
     python -m aws.runner teardown [--run-id ID]              # terminate only hosts this tool tagged
 
 A run is started by one ``AWS-RunShellScript`` command (:func:`start_payload`) that fetches the
-code archive from S3, checks its sha256, unpacks it, runs ``aws/host_setup.sh``, and starts
-``python -m aws.hostrun ... -- launch/submit.py ARGV --backend local ...`` under ``nohup setsid``,
+code archive from S3, checks its sha256, unpacks it into ``<home>/code/<run id>``, runs
+``aws/host_setup.sh`` there (which installs that code into the host venv, editable), and starts
+``python -m hobson.aws.hostrun ... -- launch/submit.py ARGV --backend local ...`` under ``nohup setsid``,
 so the run outlives the command. The host mirrors its run record, logs and outputs to
 ``s3://<bucket>/runs/<run id>/``; ``status``, ``logs`` and ``fetch`` read them from there.
 """
@@ -25,19 +26,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_REPO = Path(__file__).resolve().parents[1]
-for _p in (str(_REPO / "src"), str(_REPO)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+from botocore.exceptions import ClientError
 
-from botocore.exceptions import ClientError  # noqa: E402
-
-from aws import codesync, commands, host, infra  # noqa: E402
-from aws.clients import Clients, error_code  # noqa: E402
-from aws.options import DEFAULT_AWS_CONFIG, AwsConfig  # noqa: E402
-from hobson.config import load_config  # noqa: E402
-from hobson.errors import HobsonError  # noqa: E402
-from hobson.io import atomic_write  # noqa: E402
+from hobson.aws import codesync, commands, host, infra
+from hobson.aws.clients import Clients, error_code
+from hobson.aws.options import DEFAULT_AWS_CONFIG, AwsConfig
+from hobson.config import load_config
+from hobson.errors import HobsonError
+from hobson.io import atomic_write
+from hobson.records import REPO_ROOT
 
 
 @dataclass
@@ -92,7 +89,7 @@ def start_payload(cfg: AwsConfig, *, bucket: str, bucket_region: str, run_id: st
         setup += ["--prefetch", m]
     remote_argv = ["launch/submit.py", *argv, "--backend", "local", "--run-dir", f"{h.home}/runs/{run_id}",
                    "--logs-dir", f"{h.home}/logs"]
-    hostrun = ["-m", "aws.hostrun", "--bucket", bucket, "--prefix", f"runs/{run_id}",
+    hostrun = ["-m", "hobson.aws.hostrun", "--bucket", bucket, "--prefix", f"runs/{run_id}",
                "--run-dir", f"{h.home}/runs/{run_id}", "--logs-dir", f"{h.home}/logs/{run_id}",
                "--interval", str(cfg.mirror_interval_s), "--own-log", f"{h.home}/runs/{run_id}.hostrun.log",
                "--", *remote_argv]
@@ -116,12 +113,12 @@ def start_payload(cfg: AwsConfig, *, bucket: str, bucket_region: str, run_id: st
         f'echo "{code_sha256}  $STAGE/code.tar.gz" | sha256sum -c --quiet - '
         '|| { echo "hobson: code archive digest mismatch" >&2; exit 3; }',
         'tar -xzf "$STAGE/code.tar.gz" -C "$STAGE/code"',
-        'cd "$STAGE/code"',
-        shlex.join(setup),
         'CODE="$HOBSON_HOME/code/$RUN_ID"',
         'rm -rf "$CODE" && mkdir -p "$HOBSON_HOME/code" "$HOBSON_HOME/runs" && mv "$STAGE/code" "$CODE"',
         'rm -rf "$STAGE"',
         'cd "$CODE"',
+        # set up from the code's final place: the venv's editable install of hobson points here
+        shlex.join(setup),
         '. "$HOBSON_HOME/env.sh"',
         f'nohup setsid "$HOBSON_PYTHON" {shlex.join(hostrun)} '
         '> "$HOBSON_HOME/runs/$RUN_ID.hostrun.log" 2>&1 < /dev/null &',
@@ -150,7 +147,7 @@ def cancel_payload(cfg: AwsConfig, run_id: str) -> list[str]:
 
 
 class Runner:
-    def __init__(self, cfg: AwsConfig, clients: Clients | None = None, *, repo: Path = _REPO,
+    def __init__(self, cfg: AwsConfig, clients: Clients | None = None, *, repo: Path = REPO_ROOT,
                  echo: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep) -> None:
         self.cfg = cfg
         self.clients = clients or Clients()
@@ -349,7 +346,7 @@ class Runner:
         return host.teardown(self.clients, self.cfg, regions, run_id)
 
 
-def dry_run(cfg: AwsConfig, argv: list[str], run_id: str, ngpu: int, *, repo: Path = _REPO,
+def dry_run(cfg: AwsConfig, argv: list[str], run_id: str, ngpu: int, *, repo: Path = REPO_ROOT,
             revision: str = "HEAD", allow_dirty: bool = True, out: Callable[[str], None] = print) -> None:
     """Print every AWS call a first run in an empty account makes, and the host command; call nothing."""
     clients = Clients(dry_run=True, out=out)
@@ -425,8 +422,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from hobson.launch.backends.aws import AwsBackend
     from hobson.records import RunPaths, new_run_id, new_run_json, write_run_json
-    from launch.backends.aws import AwsBackend
 
     run_argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not run_argv:
@@ -446,8 +443,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _attached(args: argparse.Namespace) -> int:
+    from hobson.launch.backends.aws import AwsBackend
     from hobson.records import RunPaths
-    from launch.backends.aws import AwsBackend
 
     paths = RunPaths.attach(args.run)
     backend = AwsBackend(args.config) if args.config != DEFAULT_AWS_CONFIG else AwsBackend.for_run(paths)

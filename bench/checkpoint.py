@@ -18,20 +18,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch
+from publish import SIZES, parse_args
+from safetensors.torch import save_file
 
-import torch  # noqa: E402
-from publish import SIZES, parse_args  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
-
-from hobson import rng  # noqa: E402
-from hobson.models import get_provider, tiny_config  # noqa: E402
-from hobson.rl import checkpoint as ckpt  # noqa: E402
+from hobson import rng
+from hobson.models import get_provider, tiny_config
+from hobson.rl import checkpoint as ckpt
 
 
 def fsync_tree(d: str) -> None:

@@ -18,12 +18,10 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-
-from hobson.corpus.schema import read_rows  # noqa: E402
-from hobson.io import read_jsonl  # noqa: E402
-from hobson.labels import label_rows  # noqa: E402
-from hobson.labels.label import DEFAULT_MAX_BATCH_ROWS, DEFAULT_MAX_BATCH_TOKENS  # noqa: E402
+from hobson.corpus.schema import read_rows
+from hobson.io import read_jsonl
+from hobson.labels import label_rows
+from hobson.labels.label import DEFAULT_MAX_BATCH_ROWS, DEFAULT_MAX_BATCH_TOKENS
 
 
 def scorer_for(args: argparse.Namespace):

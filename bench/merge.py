@@ -19,11 +19,9 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-
-from hobson.labels.merge import merge_shards  # noqa: E402
-from hobson.labels.shardfile import format_label_line, write_shard  # noqa: E402
-from hobson.shards import shard_paths  # noqa: E402
+from hobson.labels.merge import merge_shards
+from hobson.labels.shardfile import format_label_line, write_shard
+from hobson.shards import shard_paths
 
 
 def make_shards(out: str, rows: int, shards: int, batch: int = 64, seed: int = 0) -> None:

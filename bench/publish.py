@@ -15,17 +15,14 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+import torch
 
-import torch  # noqa: E402
-
-from hobson.models import get_provider, tiny_config  # noqa: E402
-from hobson.rollout import publication  # noqa: E402
-from hobson.rollout.engine import NativeEngine  # noqa: E402
+from hobson.models import get_provider, tiny_config
+from hobson.rollout import publication
+from hobson.rollout.engine import NativeEngine
 
 SIZES = {
     # ~0.4 GB fp32: big enough that disk and hashing dominate, small enough for a CPU box

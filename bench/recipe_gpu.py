@@ -90,15 +90,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import gpu_profile
+import torch
+
+from hobson.io import dumps_row, write_json_atomic
+from hobson.labels.label import DEFAULT_MAX_BATCH_ROWS, DEFAULT_MAX_BATCH_TOKENS
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(REPO / "bench"))
-
-import gpu_profile  # noqa: E402
-import torch  # noqa: E402
-
-from hobson.io import dumps_row, write_json_atomic  # noqa: E402
-from hobson.labels.label import DEFAULT_MAX_BATCH_ROWS, DEFAULT_MAX_BATCH_TOKENS  # noqa: E402
 
 GiB = 1024 ** 3
 INIT_SEED = 1234  # the random torso/teacher weights; every process draws the same ones
@@ -817,8 +815,7 @@ def bench_ddp(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
                              "gdn": args.gdn, "out": str(root / "two")})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            str(Path(__file__).resolve()), "ddp-worker", "--spec", str(spec)]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "src"), *filter(None, [env.get("PYTHONPATH")])])
+    env = dict(os.environ)  # the workers run this file: bench/ is their sys.path[0], hobson is installed
     # NVLink multicast stays off (the device machines' rule; a 2-rank all-reduce does not need it).
     for key, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
                        ("NVSHMEM_DISABLE_NVLS", "1")):

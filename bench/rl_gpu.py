@@ -36,18 +36,15 @@ import sys
 import time
 from pathlib import Path
 
+import gpu_profile
+import torch
+
+from hobson.models import PROVIDERS, tiny_config
+from hobson.models.common import KVCache
+from hobson.rollout import publication
+from hobson.rollout.engine import NativeEngine, forward_kwargs
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import gpu_profile  # noqa: E402
-import torch  # noqa: E402
-
-from hobson.models import PROVIDERS, tiny_config  # noqa: E402
-from hobson.models.common import KVCache  # noqa: E402
-from hobson.rollout import publication  # noqa: E402
-from hobson.rollout.engine import NativeEngine, forward_kwargs  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "official-models"
 OFFICIAL = {"huginn_raven": "huginn-0125.config.json", "nanbeige": "nanbeige4.2-3b.config.json"}
@@ -325,9 +322,8 @@ def precision(args) -> str:
 
 
 def run(cmd: list[str], log_path: Path) -> int:
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
     with open(log_path, "w") as f:
-        return subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+        return subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
 
 
 def part_e2e(args, res: dict, model_dir: Path, t_start: float) -> None:
@@ -375,8 +371,7 @@ def part_e2e(args, res: dict, model_dir: Path, t_start: float) -> None:
             entry["rc_resume"] = run(rl_cmd(args, model_dir, alg, b, "--resume"), work / f"{alg}-b2.log")
             entry["wall_stop_resume_s"] = round(time.perf_counter() - t0, 1)
             vr = subprocess.run([sys.executable, "-m", "jobs.verify_resume", str(a), str(b)], cwd=ROOT,
-                                env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}"}, capture_output=True,
-                                text=True)
+                                capture_output=True, text=True)
             entry["verify_resume_rc"] = vr.returncode
             entry["verify_resume"] = vr.stdout.strip().splitlines()
             if entry["rc_stop"] or entry["rc_resume"]:

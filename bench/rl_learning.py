@@ -25,11 +25,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "src")]
+from hobson.rl import arithmetic
+from hobson.rl.evaluate import plot_curves
 
-from hobson.rl import arithmetic  # noqa: E402
-from hobson.rl.evaluate import plot_curves  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 ALGORITHMS = ["ppo", "grpo", "dppo", "flow-dppo"]
 MODELS = ["nanbeige", "huginn_raven"]

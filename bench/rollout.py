@@ -19,18 +19,14 @@ Rows of the table (generated tokens per second, sampling at T=0.8, no early stop
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+import torch
 
-import torch  # noqa: E402
-
-from hobson.models import get_provider, tiny_config  # noqa: E402
-from hobson.rollout import publication  # noqa: E402
-from hobson.rollout.engine import NativeEngine, forward_kwargs  # noqa: E402
+from hobson.models import get_provider, tiny_config
+from hobson.rollout import publication
+from hobson.rollout.engine import NativeEngine, forward_kwargs
 
 SIZES = {
     "tiny": {"nanbeige": {}, "huginn_raven": {"block_size": 512}},

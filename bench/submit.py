@@ -37,12 +37,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-for _p in (str(REPO / "src"), str(REPO)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
-
-from hobson.records import (  # noqa: E402
+from hobson.launch import dag, status
+from hobson.launch.backends.base import scrubbed_environ
+from hobson.launch.backends.slurm import SlurmBackend, max_array_size
+from hobson.launch.options import ClusterProfile, RecipeConfig
+from hobson.records import (
     RunPaths,
     append_stage_record,
     new_run_json,
@@ -50,10 +49,8 @@ from hobson.records import (  # noqa: E402
     read_stage_records,
     write_run_json,
 )
-from launch import dag, status  # noqa: E402
-from launch.backends.base import scrubbed_environ  # noqa: E402
-from launch.backends.slurm import SlurmBackend, max_array_size  # noqa: E402
-from launch.options import ClusterProfile, RecipeConfig  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
 
 UP = REPO / "tests" / "cluster" / "up.sh"
 DEFAULT_MAX_ARRAY = 10001  # up.sh's default

@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-
-from hobson.decider.config import load_train_config  # noqa: E402
-from hobson.decider.train import DeciderTrainRecipe  # noqa: E402
+from hobson.decider.config import load_train_config
+from hobson.decider.train import DeciderTrainRecipe
 
 
 def run(config: str, overrides: list[str], steps: int) -> dict:

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hobson.errors import StageError
+from hobson.launch.options import RecipeConfig
 from hobson.shards import format_spec
-from launch.options import RecipeConfig
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class JobSpec:
 
     name: str  # unique within a plan, e.g. "teacher" or "teacher-merge"
     stage: str  # the user-facing stage it belongs to
-    job: str  # runs jobs.<job>.main(job_args)
+    job: str  # runs hobson.jobs.<job>.main(job_args)
     job_args: list[str]
     inputs: list[str]  # paths relative to the run directory
     outputs: list[str]  # "REL[=ROWS]"; "{shard}" is filled in per array task

@@ -7,11 +7,11 @@ are errors naming ``file:line``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from hobson.errors import ConfigError
+from hobson.records import REPO_ROOT
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO_ROOT
 DEFAULT_RECIPE = REPO / "configs" / "recipe.yaml"
 DEFAULT_CLUSTER = REPO / "configs" / "cluster" / "default.yaml"
 

@@ -17,11 +17,11 @@ import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from launch.sbatch import _quote
+from hobson.launch.sbatch import _quote
 
 if TYPE_CHECKING:
+    from hobson.launch.options import ClusterProfile
     from hobson.records import RunPaths
-    from launch.options import ClusterProfile
 
 # jobs.rl flag -> the script's variable (the flags rl_common.sh sets itself)
 FLAG_VARS = {
@@ -162,8 +162,8 @@ def submit_script(script: str, paths: RunPaths) -> str:
     """Submit ``script`` the way the Slurm backend submits every job, record the submission in the
     run record, and return the job id (for scripts rendered outside a launch, e.g. in tests)."""
     from hobson.errors import HobsonError
+    from hobson.launch.backends.slurm import sbatch
     from hobson.records import read_run_json, utc_now, write_run_json
-    from launch.backends.slurm import sbatch
 
     (paths.run_dir / "slurm").mkdir(parents=True, exist_ok=True)
     paths.logs_dir.mkdir(parents=True, exist_ok=True)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hobson.launch.backends.base import Backend
 from hobson.records import RunPaths, latest_records, read_run_json, read_stage_records
 from hobson.shards import parse_spec
-from launch.backends.base import Backend
 
 
 @dataclass

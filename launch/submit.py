@@ -17,16 +17,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_REPO = Path(__file__).resolve().parents[1]
-for _p in (str(_REPO / "src"), str(_REPO)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
-
-from hobson.config import config_digest, load_config  # noqa: E402
-from hobson.errors import HobsonError, internal_error  # noqa: E402
-from hobson.io import sha256_file  # noqa: E402
-from hobson.records import (  # noqa: E402
-    REPO_ROOT,  # noqa: E402
+from hobson.config import config_digest, load_config
+from hobson.errors import HobsonError, internal_error
+from hobson.io import sha256_file
+from hobson.launch import backends, dag, status
+from hobson.launch.backends.base import Backend, BackendOptions, Launch, job_progress, recorded_absence
+from hobson.launch.options import DEFAULT_CLUSTER, DEFAULT_RECIPE, ClusterProfile, RecipeConfig
+from hobson.records import (
+    REPO_ROOT,
     RunPaths,
     new_run_id,
     new_run_json,
@@ -34,9 +32,6 @@ from hobson.records import (  # noqa: E402
     read_stage_records,
     write_run_json,
 )
-from launch import backends, dag, status  # noqa: E402
-from launch.backends.base import Backend, BackendOptions, Launch, job_progress, recorded_absence  # noqa: E402
-from launch.options import DEFAULT_CLUSTER, DEFAULT_RECIPE, ClusterProfile, RecipeConfig  # noqa: E402
 
 BACKENDS = backends.NAMES
 
@@ -259,7 +254,7 @@ def _passthrough(job: str):
     def run(args: argparse.Namespace) -> int:
         import importlib
 
-        return importlib.import_module(f"jobs.{job}").main(args.rest) or 0
+        return importlib.import_module(f"hobson.jobs.{job}").main(args.rest) or 0
 
     return run
 
@@ -326,8 +321,13 @@ def _verify_rl_dirs(paths: RunPaths, verbose: bool) -> tuple[int, int]:
 # CLI
 
 
+def _prog() -> str:
+    """How the user called the launcher: the ``hobson`` console script or ``python launch/submit.py``."""
+    return "hobson" if Path(sys.argv[0]).name == "hobson" else "python launch/submit.py"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python launch/submit.py", description=__doc__,
+    p = argparse.ArgumentParser(prog=_prog(), description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -345,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--logs-dir", default=None,
                    help="root for logs; the run logs to <root>/<run-id>/ (default ./logs)")
     r.add_argument("--config", type=Path, default=DEFAULT_RECIPE,
-                   help=f"recipe config YAML (default {DEFAULT_RECIPE.relative_to(_REPO)})")
+                   help=f"recipe config YAML (default {DEFAULT_RECIPE.relative_to(REPO_ROOT)})")
     r.add_argument("--cluster", type=Path, default=DEFAULT_CLUSTER,
                    help="cluster profile YAML under configs/cluster/: partition, account, qos, constraint, "
                         "time limits per stage, extra #SBATCH lines")
@@ -409,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
             ("verify-resume", "verify_resume", "compare two RL runs item by item (bit for bit): RUN_A RUN_B"),
             ("rl", "rl", "recurrent-policy RL (ppo, grpo, dppo, flow-dppo) as a recorded run; rl --help")):
         sp = sub.add_parser(name, help=text, add_help=False,
-                            description=f"{text}. Runs jobs.{job} here; `{name} --help` lists its flags.")
+                            description=f"{text}. Runs hobson.jobs.{job} here; `{name} --help` lists its flags.")
         sp.add_argument("rest", nargs=argparse.REMAINDER, help=f"arguments of python -m jobs.{job}")
         sp.set_defaults(fn=_passthrough(job))
 
@@ -467,7 +467,7 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
 
 
 def cmd_rl(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python launch/submit.py rl", usage=RL_USAGE, add_help=False)
+    p = argparse.ArgumentParser(prog=f"{_prog()} rl", usage=RL_USAGE, add_help=False)
     p.add_argument("--backend", choices=BACKENDS, default=None)
     p.add_argument("--ngpu", type=int, default=1)
     p.add_argument("--run-dir", default=None)

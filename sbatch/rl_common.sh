@@ -4,7 +4,7 @@
 # Heterogeneous job: this batch shell runs on component 0. It starts the rollout server on
 # component 1 (`srun --het-group=1`), waits until the server's address file exists and the
 # server answers a real readiness request (deadline READY_TIMEOUT, not a sleep), then runs the
-# trainer on component 0 (`srun --het-group=0 python -m jobs.rl ... --engine-address-file`).
+# trainer on component 0 (`srun --het-group=0 python -m hobson.jobs.rl ... --engine-address-file`).
 # If either component exits, the other is stopped and the job fails with the component's exit
 # code and a line naming it. A hung engine is found by the trainer's deadlines on every request
 # (REQUEST_TIMEOUT) and every publication (PUBLISH_TIMEOUT). COLOCATED=1: one-component job,
@@ -32,8 +32,9 @@
 #   PUBLISH_TIMEOUT  seconds for one publication to be loaded and committed (default 600)
 #   COLOCATED        1: both components in this one-component job (default 0: heterogeneous)
 #   ROLLOUT_GPUS     GPUs the colocated server takes from the node's list (default 1)
-#   HOBSON_REPO      the checkout to run (default $SLURM_SUBMIT_DIR)
-#   PYTHON           interpreter (default python)
+#   HOBSON_REPO      the checkout to run in: relative paths start there (default $SLURM_SUBMIT_DIR)
+#   PYTHON           interpreter with hobson installed (default python); an editable install of
+#                    HOBSON_REPO (`pip install -e .` there, the README's set-up) runs that checkout's code
 #
 # Requeue: USR2 to the batch shell makes the job requeue itself (the scripts ask Slurm for USR2
 # 120 s before the time limit); a requeued job (USR2, `scontrol requeue`, node failure) keeps its
@@ -43,7 +44,6 @@
 set -euo pipefail
 HOBSON_REPO=${HOBSON_REPO:-${SLURM_SUBMIT_DIR:-.}}
 cd "$HOBSON_REPO"
-export PYTHONPATH="$PWD:$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 PYTHON=${PYTHON:-python}
 ALGORITHM=${ALGORITHM:?set ALGORITHM (ppo, grpo, dppo or flow-dppo)}
 MODEL=${MODEL:-}
@@ -116,10 +116,10 @@ stop() {
 # ---- component 1: the rollout server
 mkdir -p "$OUTPUT/engine"
 rm -f "$ADDR"   # a requeued job must not find the previous server's address
-"${SERVE_SRUN[@]}" "${SERVE_ENV[@]}" "$PYTHON" -m jobs.rollout_server --address-file "$ADDR" --device "$ENGINE_DEVICE" &
+"${SERVE_SRUN[@]}" "${SERVE_ENV[@]}" "$PYTHON" -m hobson.jobs.rollout_server --address-file "$ADDR" --device "$ENGINE_DEVICE" &
 SERVER=$!
 code=0
-"$PYTHON" -m jobs.rollout_server --wait --address-file "$ADDR" --timeout "$READY_TIMEOUT" --watch-pid "$SERVER" || code=$?
+"$PYTHON" -m hobson.jobs.rollout_server --wait --address-file "$ADDR" --timeout "$READY_TIMEOUT" --watch-pid "$SERVER" || code=$?
 if [ "$code" != 0 ]; then
   scode=0
   kill -0 "$SERVER" 2>/dev/null && stop "$SERVER"
@@ -130,7 +130,7 @@ fi
 say "$SERVE_NAME ready: $(cat "$ADDR")"
 
 # ---- component 0: the trainer
-"${TRAIN_SRUN[@]}" "${TRAIN_ENV[@]}" "$PYTHON" -m jobs.rl "${RL[@]}" &
+"${TRAIN_SRUN[@]}" "${TRAIN_ENV[@]}" "$PYTHON" -m hobson.jobs.rl "${RL[@]}" &
 TRAINER=$!
 
 # USR2 (sbatch --signal=B:USR2@N before the time limit, or `scancel --batch --signal=USR2`):
@@ -152,7 +152,7 @@ if [ "$FIRST" = "$TRAINER" ]; then
   fi
   # was the rollout server the cause (gone or hung)? the trainer's own error line says how
   if ! kill -0 "$SERVER" 2>/dev/null \
-      || ! "$PYTHON" -m jobs.rollout_server --ping --address-file "$ADDR" --timeout 10 >/dev/null 2>&1; then
+      || ! "$PYTHON" -m hobson.jobs.rollout_server --ping --address-file "$ADDR" --timeout 10 >/dev/null 2>&1; then
     stop "$SERVER"
     say "FAILED: the $SERVE_NAME is gone or not answering; the $TRAIN_NAME stopped with exit code $code"
   else

@@ -2,7 +2,7 @@ import pytest
 
 from hobson.config import load_config
 from hobson.errors import ConfigError
-from launch.options import DEFAULT_CLUSTER, DEFAULT_RECIPE, ClusterProfile, RecipeConfig
+from hobson.launch.options import DEFAULT_CLUSTER, DEFAULT_RECIPE, ClusterProfile, RecipeConfig
 
 
 def test_shipped_configs_load():

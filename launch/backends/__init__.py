@@ -2,7 +2,7 @@
 
 ``create(name, options)`` builds the backend of a new run; ``for_run(paths)`` rebuilds the
 backend an existing run recorded, from its run.json alone. The launcher calls nothing else here,
-so adding a backend means one class implementing :class:`launch.backends.base.Backend` and one
+so adding a backend means one class implementing :class:`hobson.launch.backends.base.Backend` and one
 entry below.
 """
 
@@ -13,14 +13,14 @@ import shutil
 from dataclasses import asdict, fields
 
 from hobson.errors import HobsonError
+from hobson.launch.backends.base import Backend, BackendOptions
 from hobson.records import RunPaths, read_run_json
-from launch.backends.base import Backend, BackendOptions
 
 # name -> "module:Class"; imported on use (the aws backend needs boto3, the [aws] extra)
 REGISTRY: dict[str, str] = {
-    "local": "launch.backends.local:LocalBackend",
-    "slurm": "launch.backends.slurm:SlurmBackend",
-    "aws": "launch.backends.aws:AwsBackend",
+    "local": "hobson.launch.backends.local:LocalBackend",
+    "slurm": "hobson.launch.backends.slurm:SlurmBackend",
+    "aws": "hobson.launch.backends.aws:AwsBackend",
 }
 NAMES = tuple(REGISTRY)
 

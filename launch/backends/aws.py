@@ -1,6 +1,6 @@
 """The aws backend: one EC2 host driven over SSM, running the local backend there.
 
-The launcher calls this class; the work is in ``aws.runner`` (boto3). The local run directory
+The launcher calls this class; the work is in ``hobson.aws.runner`` (boto3). The local run directory
 holds the launcher's ``run.json`` with an ``aws`` entry (bucket, host, commands) from which
 ``status``, ``logs``, ``cancel`` and ``fetch`` re-attach. The host's own record is mirrored
 into it: ``stages.jsonl`` as is, the host's ``run.json`` as ``host/run.json``, logs into the
@@ -16,13 +16,13 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from aws.clients import Clients
-from aws.options import DEFAULT_AWS_CONFIG, AwsConfig
-from aws.runner import RemoteRun, Runner, dry_run
+from hobson.aws.clients import Clients
+from hobson.aws.options import DEFAULT_AWS_CONFIG, AwsConfig
+from hobson.aws.runner import RemoteRun, Runner, dry_run
 from hobson.config import load_config
 from hobson.errors import HobsonError
+from hobson.launch.backends.base import BackendOptions, Launch, Poll
 from hobson.records import REPO_ROOT, RunPaths, read_run_json, write_run_json
-from launch.backends.base import BackendOptions, Launch, Poll
 
 
 class AwsBackend:

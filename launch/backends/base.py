@@ -1,7 +1,7 @@
 """The Backend interface, and what every backend shares: the job environment, what is
 already done, failure reports, log files.
 
-A backend is chosen once, from the registry in :mod:`launch.backends` (by name for a new run,
+A backend is chosen once, from the registry in :mod:`hobson.launch.backends` (by name for a new run,
 from the run record for an existing one); the launcher then calls only the :class:`Backend`
 methods below, so nothing outside ``launch/backends/`` knows which backend runs a run.
 """
@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from hobson.io import sha256_file
-from hobson.records import REPO_ROOT, RunPaths, latest_records, read_stage_records
-from launch.dag import JobSpec
+from hobson.launch.dag import JobSpec
+from hobson.records import RunPaths, latest_records, read_stage_records
 
 
 @dataclass
 class BackendOptions:
     """How a run asked for its backend; recorded in run.json, so any later command rebuilds the
-    same backend from the record alone (:func:`launch.backends.for_run`)."""
+    same backend from the record alone (:func:`hobson.launch.backends.for_run`)."""
 
     ngpu: int = 1
     cluster: str | None = None  # cluster profile YAML (slurm); None: configs/cluster/default.yaml
@@ -115,9 +115,9 @@ def scrubbed_environ(base: dict[str, str] | None = None) -> dict[str, str]:
 
 def job_environ(job: JobSpec, *, task: int | None = None, gpus: list[int] | None = None) -> dict[str, str]:
     """The environment a job runs in, identical in meaning on every backend."""
+    # No PYTHONPATH: a job imports the installed hobson (hobson.jobs.<job> included) like the
+    # launcher does, and a dotted test job module is found from the working directory, the checkout.
     env = scrubbed_environ()
-    src = str(REPO_ROOT / "src")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), src] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     # Thread counts fixed per stage, so a CPU result does not depend on who ran it.
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env[var] = str(job.resources.cpus)

@@ -16,10 +16,18 @@ import time
 from dataclasses import dataclass
 
 from hobson.errors import StageError
+from hobson.launch.backends.base import (
+    BackendOptions,
+    Launch,
+    Poll,
+    failure_report,
+    job_environ,
+    job_progress,
+    local_logs,
+)
+from hobson.launch.dag import JobSpec
 from hobson.records import REPO_ROOT, RunPaths, append_stage_record, read_run_json, utc_now, write_run_json
 from hobson.shards import format_spec
-from launch.backends.base import BackendOptions, Launch, Poll, failure_report, job_environ, job_progress, local_logs
-from launch.dag import JobSpec
 
 
 @dataclass

@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from hobson.errors import HobsonError
+from hobson.launch.backends.base import BackendOptions, Launch, Poll, job_progress, local_logs, scrubbed_environ
+from hobson.launch.dag import RL_ROLLOUT, RL_TRAINING, JobSpec
+from hobson.launch.options import DEFAULT_CLUSTER, ClusterProfile
+from hobson.launch.sbatch import render_sbatch
 from hobson.records import REPO_ROOT, RunPaths, read_run_json, utc_now, write_run_json
 from hobson.shards import format_spec
-from launch.backends.base import BackendOptions, Launch, Poll, job_progress, local_logs, scrubbed_environ
-from launch.dag import RL_ROLLOUT, RL_TRAINING, JobSpec
-from launch.options import DEFAULT_CLUSTER, ClusterProfile
-from launch.sbatch import render_sbatch
 
 
 def _executor_class():
@@ -181,9 +181,9 @@ class SlurmBackend:
             throttle = min(job.throttle or len(shards), len(shards))
             array = f"0-{len(shards) - 1}%{throttle}"
         setup = [
+            # the checkout: relative paths in job arguments, and `python -m` puts it on sys.path for
+            # a dotted test job module; hobson itself is the profile python's install (no PYTHONPATH)
             f"cd {shlex.quote(str(REPO_ROOT))}",
-            f'export PYTHONPATH={shlex.quote(str(REPO_ROOT))}:{shlex.quote(str(REPO_ROOT / "src"))}'
-            "${PYTHONPATH:+:$PYTHONPATH}",
             f"export OMP_NUM_THREADS={cpus} MKL_NUM_THREADS={cpus} OPENBLAS_NUM_THREADS={cpus} HOBSON_CPUS={cpus}",
             "export PYTHONUNBUFFERED=1",
         ]
@@ -228,7 +228,7 @@ class SlurmBackend:
         """The script of a job of several components (the RL run): one heterogeneous job, the
         training component first (``+0``), the rollout component second (``+1``); ``colocated``
         puts both on one node. The same job as ``sbatch/<algorithm>.sh``."""
-        from launch.rl_sbatch import script_for_profile
+        from hobson.launch.rl_sbatch import script_for_profile
 
         over = self.profile.stages.get(job.stage)  # the cluster profile's stage override, per component
         res = {c.name: c.resources for c in job.components}

@@ -23,6 +23,9 @@ from typing import Any
 
 from hobson.io import sha256_bytes, write_json_atomic
 
+# The checkout: src/hobson/records.py two folders up. The launcher, the jobs and the AWS runner take
+# configs/, data/, sbatch/ and the git revision from here; an editable install (``pip install -e``,
+# the README's set-up) keeps this file in the checkout, so it stays right however hobson is imported.
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 

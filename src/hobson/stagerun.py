@@ -3,7 +3,7 @@
 Every backend runs a stage through this wrapper, so the record is the same whoever ran it:
 start/end UTC, wall seconds, GPUs, exit code, and for each declared output its row count,
 expected rows (OK/FAIL) and sha256. The stage's own code never sees the record or the
-backend: it is ``jobs.<job>.main(argv)``.
+backend: it is ``hobson.jobs.<job>.main(argv)`` (the checkout's ``jobs/<job>.py``).
 
     python -m hobson.stagerun --run-dir R --stage teacher --job teacher \\
         --shards 0-7 --output labels/teacher.shard{shard}of8.jsonl -- --corpus ... --shard {shard}
@@ -36,7 +36,7 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(prog="python -m hobson.stagerun", description=__doc__.split("\n")[0])
     p.add_argument("--run-dir", required=True, help="the run directory (holds stages.jsonl)")
     p.add_argument("--stage", required=True, help="stage name as the DAG names it")
-    p.add_argument("--job", required=True, help="entry point: runs jobs.<JOB>.main(job args)")
+    p.add_argument("--job", required=True, help="entry point: runs hobson.jobs.<JOB>.main(job args)")
     p.add_argument("--shards", default=None,
                    help="array stages: the shard list; task k (HOBSON_ARRAY_TASK) runs shards[k]")
     p.add_argument("--gpus", type=int, default=0, help="GPUs this task holds (recorded)")
@@ -165,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         _injected_fault(args.stage, shard)
-        # A dotted name is a module path (tests run their own small jobs); else jobs.<job>.
-        module = importlib.import_module(args.job if "." in args.job else f"jobs.{args.job}")
+        # A dotted name is a module path (tests run their own small jobs); else hobson.jobs.<job>.
+        module = importlib.import_module(args.job if "." in args.job else f"hobson.jobs.{args.job}")
         code = module.main(job_args) or 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from aws.clients import Clients
-from aws.options import AmiOptions, AwsConfig, HostOptions, InstanceChoice, PollOptions
+from hobson.aws.clients import Clients
+from hobson.aws.options import AmiOptions, AwsConfig, HostOptions, InstanceChoice, PollOptions
 from tests.conftest import REPO
 
 # A public parameter moto serves, so the AMI lookup path is the real one.

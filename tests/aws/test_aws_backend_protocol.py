@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 
-from aws.clients import Clients
-from aws.runner import RemoteRun
+from hobson.aws.clients import Clients
+from hobson.aws.runner import RemoteRun
+from hobson.launch import backends
+from hobson.launch.backends.base import BackendOptions, Launch
 from hobson.records import RunPaths, new_run_json, read_run_json, write_run_json
-from launch import backends
-from launch.backends.base import BackendOptions, Launch
 from tests.aws.conftest import agent_online, make_config
 
 

@@ -12,10 +12,10 @@ from dataclasses import asdict
 
 import boto3
 
-from aws.clients import Clients
-from aws.runner import RemoteRun
+from hobson.aws.clients import Clients
+from hobson.aws.runner import RemoteRun
+from hobson.launch.backends.aws import AwsBackend
 from hobson.records import RunPaths, new_run_json, write_run_json
-from launch.backends.aws import AwsBackend
 from tests.aws.conftest import make_config
 from tests.conftest import REPO
 

@@ -13,10 +13,10 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from aws import commands
-from aws.clients import Clients
-from aws.host import wait_online
-from aws.options import PollOptions
+from hobson.aws import commands
+from hobson.aws.clients import Clients
+from hobson.aws.host import wait_online
+from hobson.aws.options import PollOptions
 from hobson.errors import HobsonError
 from tests.aws.conftest import make_config
 

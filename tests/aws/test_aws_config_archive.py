@@ -8,13 +8,13 @@ import tarfile
 
 import pytest
 
-from aws import codesync
-from aws.options import DEFAULT_AWS_CONFIG, AwsConfig
+from hobson.aws import codesync
+from hobson.aws.options import DEFAULT_AWS_CONFIG, AwsConfig
 from hobson.config import load_config
 from hobson.errors import ConfigError, HobsonError
 from hobson.io import sha256_file
+from hobson.launch.backends.aws import AwsBackend
 from hobson.records import RunPaths
-from launch.backends.aws import AwsBackend
 from tests.aws.conftest import make_config
 from tests.conftest import REPO
 
@@ -136,7 +136,7 @@ def test_runner_cli_dry_run(tmp_path):
 def test_config_dir_outside_repo_is_refused_for_remote_runs(tmp_path):
     import argparse
 
-    from launch.submit import recipe_argv
+    from hobson.launch.submit import recipe_argv
 
     ns = argparse.Namespace(stages=["build"], ngpu=2, config=REPO / "configs" / "recipe.yaml", seed=3, scale=None,
                             teacher=None)

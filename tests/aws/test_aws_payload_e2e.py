@@ -23,10 +23,10 @@ import time
 import boto3
 import pytest
 
-from aws.clients import Clients
-from aws.runner import RemoteRun
+from hobson.aws.clients import Clients
+from hobson.aws.runner import RemoteRun
+from hobson.launch.backends.aws import AwsBackend
 from hobson.records import RunPaths, new_run_json, read_run_json, read_stage_records, write_run_json
-from launch.backends.aws import AwsBackend
 from tests.aws.conftest import agent_online, make_config
 from tests.conftest import REPO
 

@@ -147,7 +147,7 @@ def test_scaled_build_counts_and_disjointness(tmp_path: Path, run_stage) -> None
 
 def test_write_sums_records_only_its_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
-    from jobs.catchall import main
+    from hobson.jobs.catchall import main
 
     committed = read_sums(committed_sums_path())
     target = tmp_path / "SHA256SUMS"

@@ -154,7 +154,7 @@ def test_distill_keeps_teacher_rows_that_agree_with_gold_then_appends_replay(dec
 def test_job_help_explains_every_flag(job, capsys):
     import importlib
 
-    mod = importlib.import_module(f"jobs.{job}")
+    mod = importlib.import_module(f"hobson.jobs.{job}")
     with pytest.raises(SystemExit) as e:
         mod.main(["--help"])
     assert e.value.code == 0

@@ -55,7 +55,7 @@ def test_replay_shards_merge_byte_identical_to_one_process(finetunes, decider_da
 
 
 def test_replay_job_writes_and_merges_with_shift(finetunes, decider_data, tmp_path):
-    from jobs import replay, teacher_merge
+    from hobson.jobs import replay, teacher_merge
 
     out = tmp_path / "replay.jsonl"
     for k in range(2):
@@ -239,7 +239,7 @@ def _paired(rows: list[dict], path: Path, flip: bool) -> Path:
 
 
 def test_release_route_and_evaluation_outputs(finetunes, decider_data, tmp_path, capsys):
-    from jobs import ask, compare, evaluate, release
+    from hobson.jobs import ask, compare, evaluate, release
 
     rows = read_jsonl(decider_data["train"])
     cons = _paired(rows, tmp_path / "consistency.jsonl", flip=False)

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from hobson.errors import ConfigError
+from hobson.jobs import teacher as teacher_job
+from hobson.jobs import teacher_merge
 from hobson.labels import label_rows, render_prompt
 from hobson.tinymodel import MODEL_CARD, ensure_default_teacher, texts_sha256
-from jobs import teacher as teacher_job
-from jobs import teacher_merge
 from tests.labels.labelkit import BATCH, sha, write_corpus
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,10 +13,10 @@ import json
 
 import pytest
 
+from hobson.launch import backends
+from hobson.launch.backends.base import Backend, BackendOptions, Launch
+from hobson.launch.dag import JobSpec, Resources
 from hobson.records import RunPaths, new_run_json, read_run_json, write_run_json
-from launch import backends
-from launch.backends.base import Backend, BackendOptions, Launch
-from launch.dag import JobSpec, Resources
 from tests.conftest import REPO
 
 METHODS = [n for n, v in vars(Backend).items() if callable(v) and not n.startswith("_")]
@@ -58,11 +58,11 @@ def _names_a_backend(path) -> list[str]:
             mods = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
             found += [f"line {node.lineno}: imports {a.name}" for a in node.names if a.name in BACKEND_CLASSES]
             for m in mods:
-                if m in {f"launch.backends.{n}" for n in BACKEND_NAMES}:
+                if m in {f"hobson.launch.backends.{n}" for n in BACKEND_NAMES}:
                     found.append(f"line {node.lineno}: imports {m}")
         elif isinstance(node, ast.Import):
             for a in node.names:
-                if a.name in {f"launch.backends.{n}" for n in BACKEND_NAMES}:
+                if a.name in {f"hobson.launch.backends.{n}" for n in BACKEND_NAMES}:
                     found.append(f"line {node.lineno}: imports {a.name}")
     return found
 
@@ -75,7 +75,7 @@ def test_launcher_and_jobs_never_name_a_backend():
 
 def test_the_check_finds_what_it_looks_for(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text('from launch.backends.slurm import SlurmBackend\nif meta["backend"] == "aws":\n    pass\n')
+    bad.write_text('from hobson.launch.backends.slurm import SlurmBackend\nif meta["backend"] == "aws":\n    pass\n')
     assert len(_names_a_backend(bad)) == 3
 
 

@@ -1,8 +1,8 @@
 import pytest
 
 from hobson.errors import StageError
-from launch import dag
-from launch.options import RecipeConfig
+from hobson.launch import dag
+from hobson.launch.options import RecipeConfig
 
 
 def ctx(ngpu=4, rows=None):

@@ -1,8 +1,8 @@
 import json
 
+from hobson.launch.backends.local import LocalBackend
+from hobson.launch.dag import JobSpec, Resources
 from hobson.records import RunPaths, new_run_json, read_stage_records, write_run_json
-from launch.backends.local import LocalBackend
-from launch.dag import JobSpec, Resources
 
 JOB = "tests.launch.sample_jobs"
 

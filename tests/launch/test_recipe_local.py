@@ -3,7 +3,7 @@
 import json
 
 from hobson.io import sha256_file
-from launch.dag import ALL
+from hobson.launch.dag import ALL
 
 
 def test_runs_every_stage_and_prints_the_evaluation(recipe_all_local):

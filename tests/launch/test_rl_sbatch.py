@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.rl_sbatch import render_rl_sbatch, split_rl_args
+from hobson.launch.rl_sbatch import render_rl_sbatch, split_rl_args
 
 REPO = Path(__file__).resolve().parents[2]
 

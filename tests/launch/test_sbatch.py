@@ -1,4 +1,4 @@
-from launch.sbatch import VALID_OPTIONS, render_sbatch
+from hobson.launch.sbatch import VALID_OPTIONS, render_sbatch
 
 
 def test_options_come_from_the_signature():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from jobs.rl import main
+from hobson.jobs.rl import main
 
 REPO = Path(__file__).resolve().parents[2]
 DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -39,7 +39,7 @@ def full_stop_resume(runs: list[tuple[list[str], list[str]]], timeout: float) ->
     # the trainer removes the rendezvous variables it set; the child picks its own port
     assert {k: os.environ.get(k) for k in DIST_VARS} == dist_before
     script = (
-        "import json, sys, torch; torch.set_num_threads(1); from jobs.rl import main; "
+        "import json, sys, torch; torch.set_num_threads(1); from hobson.jobs.rl import main; "
         "sys.exit(max(main(a) for a in json.loads(sys.argv[1])))"
     )
     env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}

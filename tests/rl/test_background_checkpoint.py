@@ -45,7 +45,7 @@ def test_a_capture_is_not_changed_by_the_steps_after_it(tmp_path: Path) -> None:
 
 
 def test_background_and_in_line_checkpoints_are_the_same(tmp_path: Path) -> None:
-    from jobs.rl import main
+    from hobson.jobs.rl import main
 
     runs = {"background": tmp_path / "bg", "in_line": tmp_path / "inline"}
     for name, out in runs.items():
@@ -68,7 +68,7 @@ def test_background_and_in_line_checkpoints_are_the_same(tmp_path: Path) -> None
 
 
 def test_a_failed_background_write_fails_the_run_then_resume_continues(tmp_path: Path, monkeypatch, capsys) -> None:
-    from jobs.rl import main
+    from hobson.jobs.rl import main
 
     out = tmp_path / "run"
     args = ["--algorithm", "ppo", "--output", str(out), "--updates", "3", *ARGS]
@@ -90,7 +90,7 @@ def test_a_failed_background_write_fails_the_run_then_resume_continues(tmp_path:
 
 
 def test_no_room_for_the_copy_writes_in_line(tmp_path: Path, monkeypatch) -> None:
-    from jobs.rl import main
+    from hobson.jobs.rl import main
 
     def out_of_memory(*a, **kw):
         raise torch.OutOfMemoryError("CUDA out of memory (injected)")
@@ -117,7 +117,7 @@ def test_wait_names_the_update_whose_write_failed(tmp_path: Path) -> None:
 
 SIGTERM_DURING_WRITE = """
 import os, signal, sys
-from jobs.rl import exit_on_sigterm, main
+from hobson.jobs.rl import exit_on_sigterm, main
 from hobson.rl import checkpoint as ckpt
 
 exit_on_sigterm()

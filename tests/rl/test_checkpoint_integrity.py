@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from hobson.jobs.rl import main
 from hobson.rl import checkpoint as ckpt
 from hobson.rl.verify_resume import compare_runs
-from jobs.rl import main
 
 ARGS = ["--algorithm", "ppo", "--model", "tiny:nanbeige", "--reward", "test-token-value", "--max-new-tokens", "4",
         "--prompts-per-update", "2", "--updates", "3", "--lr", "1.0", "--device", "cpu", "--trainer", "torch"]

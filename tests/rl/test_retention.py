@@ -54,7 +54,7 @@ def test_prune_checkpoints_keeps_the_newest(tmp_path: Path) -> None:
 
 
 def test_resume_removes_what_a_killed_process_left_behind(tmp_path: Path) -> None:
-    from jobs.rl import main
+    from hobson.jobs.rl import main
 
     out = tmp_path / "run"
     args = ["--output", str(out), "--updates", "2", "--max-new-tokens", "4", "--prompts-per-update", "2",
@@ -75,7 +75,7 @@ def test_resume_removes_what_a_killed_process_left_behind(tmp_path: Path) -> Non
 SIGTERM_IN_PUBLISH = """
 import os, signal, sys
 import torch
-from jobs.rl import exit_on_sigterm
+from hobson.jobs.rl import exit_on_sigterm
 from hobson.models import PROVIDERS, tiny_config
 from hobson.rollout import publication
 
@@ -105,7 +105,7 @@ def test_sigterm_while_publishing_leaves_no_temporary_directory(tmp_path: Path) 
 
 
 def test_checkpoints_read_the_actor_from_their_publication_which_pruning_keeps(tmp_path: Path) -> None:
-    from jobs.rl import main
+    from hobson.jobs.rl import main
 
     out = tmp_path / "run"
     args = ["--output", str(out), "--updates", "3", "--max-new-tokens", "4", "--prompts-per-update", "2",

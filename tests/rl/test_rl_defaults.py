@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from hobson.jobs.rl import main
 from hobson.rl.config import CONVENTIONS_VERSION, RLConfig, resolve_defaults
-from jobs.rl import main
 
 FAST = ["--max-new-tokens", "3", "--updates", "1", "--device", "cpu", "--trainer", "torch"]
 
@@ -79,7 +79,7 @@ def test_resume_of_a_run_under_other_conventions_is_refused(tmp_path: Path, caps
 
 
 def test_missing_data_and_bad_eval_paths_are_one_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from jobs.rl_eval import main as rl_eval
+    from hobson.jobs.rl_eval import main as rl_eval
 
     missing = tmp_path / "missing.jsonl"
     assert main(["--output", str(tmp_path / "run"), "--data", str(missing), *FAST]) == 1

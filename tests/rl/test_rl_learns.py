@@ -44,7 +44,7 @@ def test_grpo_improves_held_out_accuracy(trial: dict, tmp_path: Path) -> None:
     assert trial["after"] > trial["before"]
     assert trial["p"] < 0.01, trial
     # the user's command on the same run: one JSON and one PNG, the same numbers
-    from jobs.rl_eval import main
+    from hobson.jobs.rl_eval import main
 
     held = Path(trial["run"]).parent / "data" / "held_out.jsonl"
     assert main([trial["run"], "--data", str(held), "--versions", "0", "20", "--out", str(tmp_path)]) == 0

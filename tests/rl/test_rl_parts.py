@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hobson.errors import ConfigError, DataError, DigestMismatch
+from hobson.jobs.rl import main
 from hobson.models import CheckpointError, get_provider, tiny_config
 from hobson.rl.data import load_prompts
 from hobson.rl.loop import build_batch
@@ -17,7 +18,6 @@ from hobson.rl.objectives import token_logprobs
 from hobson.rl.reward import get_reward
 from hobson.rollout import publication
 from hobson.rollout.engine import NativeEngine, request_seed
-from jobs.rl import main
 
 KINDS = ["huginn_raven", "nanbeige"]
 

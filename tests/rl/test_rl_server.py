@@ -20,9 +20,9 @@ import torch
 
 from hobson.errors import DigestMismatch
 from hobson.io import read_jsonl
+from hobson.jobs.rl import main
 from hobson.rl.verify_resume import compare_runs
 from hobson.rollout.transport import RemoteEngine, RolloutEngineError, request, wait_ready
-from jobs.rl import main
 
 REPO = Path(__file__).resolve().parents[2]
 ARGS = [

@@ -9,7 +9,7 @@ import shutil
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from jobs.rl import main
+from hobson.jobs.rl import main
 
 ARGS = ["--algorithm", "ppo", "--updates", "3", "--device", "cpu", "--reward", "test-token-value",
         "--max-new-tokens", "4", "--prompts-per-update", "2", "--lr", "0.1"]

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from hobson import faults
 from hobson.io import sha256_file
+from hobson.launch.backends.slurm import SlurmBackend
 from hobson.records import RunPaths
-from launch.backends.slurm import SlurmBackend
 from tests.conftest import REPO, run_cli
 
 STAGES = ("build", "multistep", "teacher")
@@ -180,10 +180,10 @@ def test_arrays_longer_than_max_array_size_are_split_and_the_merge_waits_for_all
                                                                                  slurm_jobs):
     """MaxArraySize is read from `scontrol show config`; here it is lowered for this backend object only
     (the cluster's own limit is exercised by bench/submit.py), and the jobs are submitted held."""
+    from hobson.launch import dag
+    from hobson.launch.backends import slurm
+    from hobson.launch.options import ClusterProfile, RecipeConfig
     from hobson.records import new_run_json, write_run_json
-    from launch import dag
-    from launch.backends import slurm
-    from launch.options import ClusterProfile, RecipeConfig
 
     monkeypatch.setattr(slurm, "max_array_size", lambda: 3)
     cfg = RecipeConfig()

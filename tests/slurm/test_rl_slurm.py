@@ -37,7 +37,7 @@ REQUEST_TIMEOUT = 60
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same GRPO run on the local backend: in-process engine, one thread."""
-    from jobs.rl import main
+    from hobson.jobs.rl import main
 
     out = tmp_path_factory.mktemp("rl-local") / "run"
     threads = torch.get_num_threads()
@@ -134,9 +134,9 @@ def test_grpo_het_job_components_on_two_nodes_same_bits(slurm_jobs, reference: P
 def test_colocated_single_component_same_bits(slurm_jobs, reference: Path) -> None:
     """The colocated script, submitted the way `submit.py rl --backend slurm --colocated` does
     (rendered from flags, through submitit's executor)."""
+    from hobson.launch.options import ClusterProfile
+    from hobson.launch.rl_sbatch import script_for_profile, submit_script
     from hobson.records import RunPaths, new_run_json, write_run_json
-    from launch.options import ClusterProfile
-    from launch.rl_sbatch import script_for_profile, submit_script
 
     paths = RunPaths.create(slurm_jobs.workdir / "launch-run", slurm_jobs.workdir / "logs")
     paths.run_dir.mkdir(parents=True)

@@ -501,10 +501,7 @@ def run_local_ranks(config_path: str, overrides: list[str], world_size: int) -> 
 
     import torch.multiprocessing as mp
 
-    src = str(Path(__file__).resolve().parents[2])
-    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    if src not in paths:  # the forkserver inherits the environment, not sys.path
-        os.environ["PYTHONPATH"] = os.pathsep.join([src, *[p for p in paths if p]])
+    # the forkserver is a fresh interpreter: it imports hobson.decider.train from the install
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "transformers", "peft", "hobson.decider.train"])
     with socket.socket() as s:

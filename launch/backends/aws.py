@@ -137,13 +137,13 @@ class AwsBackend:
             return f"aws run {remote.run_id} on {where}: running; mirror s3://{remote.bucket}/{remote.prefix}/"
         return f"aws run {remote.run_id} on {where}: not started yet (no mirror in s3://{remote.bucket}/{remote.prefix}/)"
 
-    def logs(self, paths: RunPaths, stage: str | None = None, task: int | None = None) -> str:
-        """A stage's log read from S3 (also saved under the run's logs dir); no stage: the list."""
+    def logs(self, paths: RunPaths, job: str | None = None, task: int | None = None) -> str:
+        """A job's log read from S3 (also saved under the run's logs dir); no job: the list."""
         remote = self._remote(paths)
-        if stage is None:
+        if job is None:
             names = [k[len("logs/"):] for k in self.runner._keys(remote) if k.startswith("logs/")]
             return "".join(f"{n}\n" for n in sorted(names))
-        name = paths.log(stage, task).name
+        name = paths.log(job, task).name
         text = self.runner.log_text(remote, name)
         if text is None:
             have = [k[len("logs/"):] for k in self.runner._keys(remote) if k.startswith("logs/")]

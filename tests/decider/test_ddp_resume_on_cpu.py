@@ -25,6 +25,7 @@ from hobson.decider.train import PREEMPT_EXIT_CODE, recipe_main, run_local_ranks
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 10
+RANKS_TIMEOUT_S = 600  # a run takes seconds; 8 ranks on 2 busy cores well under a minute
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,8 @@ def runs(config_factory, tmp_path_factory):
             if world == 1 and name == "w1":
                 assert recipe_main(load_train_config(cfg)) == 0
             else:
-                run_local_ranks(str(cfg), [], world)
+                # a hang fails this run with every rank's stacks, never the whole suite
+                run_local_ranks(str(cfg), [], world, timeout_s=RANKS_TIMEOUT_S)
             done[name] = root / (output or name)
         return done[name]
     return run
@@ -186,3 +188,22 @@ def test_tensorboard_holds_each_logged_scalar_once_across_a_resume(runs, config_
         assert [s for s, _ in full[tag]] == list(range(1, STEPS + 1)), (tag, full[tag])
     for tag in TB_TAGS:
         assert again[tag] == full[tag], tag
+
+
+def test_hung_local_ranks_fail_with_their_stacks(config_factory, tmp_path):
+    """A rank held forever (a fault point nobody releases) ends in a TimeoutError that holds each
+    rank's stacks, and leaves no rank process behind."""
+    cfg = config_factory(tmp_path / "train.yaml", tmp_path / "out")
+    holds = tmp_path / "holds"
+    env = {faults.ENV_POINTS: "train-step-2", faults.ENV_DIR: str(holds)}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        with pytest.raises(TimeoutError) as err:
+            # it times out once both ranks hold at step 2, whatever the machine's speed
+            run_local_ranks(str(cfg), [], 2, timeout_s=RANKS_TIMEOUT_S,
+                            give_up=lambda: len(list(holds.glob("train-step-2.held.*"))) == 2)
+    text = str(err.value)
+    assert "--- rank 0 ---" in text and "--- rank 1 ---" in text and "in hold" in text, text
+    ranks = [int(f.read_text()) for f in holds.glob("train-step-2.held.*")]
+    assert len(ranks) == 2 and not [pid for pid in ranks if Path(f"/proc/{pid}").exists()], ranks

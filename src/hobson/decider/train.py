@@ -28,6 +28,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -481,34 +482,70 @@ def recipe_main(cfg: TrainConfig) -> int:
         recipe.cleanup()
 
 
-def _rank_main(rank: int, world_size: int, port: int, config_path: str, overrides: list[str]) -> None:
+def _rank_main(rank: int, world_size: int, store_dir: str, config_path: str, overrides: list[str]) -> None:
+    import faulthandler
+    from datetime import timedelta
+
     from hobson.decider.config import load_train_config
 
+    # SIGUSR1 writes every thread's stack to stacks.<rank> (run_local_ranks asks when it times out)
+    stacks = open(os.path.join(store_dir, f"stacks.{rank}"), "w")  # open as long as the rank lives
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    rc = recipe_main(load_train_config(config_path, overrides))
+                      LOCAL_WORLD_SIZE=str(world_size))
+    # A file store, not a TCP port: a port picked free and released before rank 0 binds it can be
+    # taken in between (or by a rank's own connect), which hangs the rendezvous.
+    store = dist.FileStore(os.path.join(store_dir, "store"), world_size)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(minutes=10))
+    try:
+        rc = recipe_main(load_train_config(config_path, overrides))
+    finally:
+        dist.destroy_process_group()
     if rc:
         sys.exit(rc)
 
 
-def run_local_ranks(config_path: str, overrides: list[str], world_size: int) -> None:
+def run_local_ranks(config_path: str, overrides: list[str], world_size: int, timeout_s: float | None = None,
+                    give_up: Callable[[], bool] | None = None) -> None:
     """Run the recipe on ``world_size`` CPU ranks of this machine (gloo), like torchrun would.
 
     Ranks are forked from a forkserver that has already imported torch, transformers and peft, so
-    each rank is a fresh process that starts in well under a second. Raises if any rank fails.
+    each rank is a fresh process that starts in well under a second. Raises if any rank fails, or
+    (``timeout_s``) if the ranks have not all ended by then: the error holds each rank's stacks, and
+    no rank outlives the call. ``give_up()``, polled every second, times out at once when true (a
+    test's way to make the timeout land at a known point).
     """
-    import socket
+    import tempfile
 
     import torch.multiprocessing as mp
 
     # the forkserver is a fresh interpreter: it imports hobson.decider.train from the install
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "transformers", "peft", "hobson.decider.train"])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(_rank_main, args=(world_size, port, str(config_path), list(overrides)), nprocs=world_size,
-                       start_method="forkserver", join=True)
+    with tempfile.TemporaryDirectory(prefix="hobson-ranks-") as store_dir:
+        procs = mp.start_processes(_rank_main, args=(world_size, store_dir, str(config_path), list(overrides)),
+                                   nprocs=world_size, start_method="forkserver", join=False)
+        t0 = time.monotonic()
+        try:
+            while not procs.join(timeout=1.0):
+                late = timeout_s is not None and time.monotonic() - t0 >= timeout_s
+                if late or (give_up is not None and give_up()):
+                    raise TimeoutError(f"{world_size} local ranks still running after {time.monotonic() - t0:.0f} s;"
+                                       f" their stacks:\n{_rank_stacks(procs.processes, store_dir)}")
+        finally:
+            for proc in procs.processes:
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+
+
+def _rank_stacks(processes: list, store_dir: str) -> str:
+    for proc in processes:
+        if proc.is_alive():
+            os.kill(proc.pid, signal.SIGUSR1)
+    time.sleep(1.0)  # faulthandler writes from a signal handler: give it a moment
+    return "\n".join(f"--- rank {r} ---\n" + Path(store_dir, f"stacks.{r}").read_text()
+                     for r in range(len(processes)) if Path(store_dir, f"stacks.{r}").exists())
 
 
 __all__ = ["DeciderTrainRecipe", "PREEMPT_EXIT_CODE", "recipe_main", "read_teacher", "read_training_rows",

@@ -482,7 +482,8 @@ def recipe_main(cfg: TrainConfig) -> int:
         recipe.cleanup()
 
 
-def _rank_main(rank: int, world_size: int, store_dir: str, config_path: str, overrides: list[str]) -> None:
+def _rank_main(rank: int, world_size: int, store_dir: str, config_path: str, overrides: list[str],
+               environ: dict[str, str]) -> None:
     import faulthandler
     from datetime import timedelta
 
@@ -491,6 +492,9 @@ def _rank_main(rank: int, world_size: int, store_dir: str, config_path: str, ove
     # SIGUSR1 writes every thread's stack to stacks.<rank> (run_local_ranks asks when it times out)
     stacks = open(os.path.join(store_dir, f"stacks.{rank}"), "w")  # open as long as the rank lives
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    # a forkserver child starts with the forkserver's environment; a rank sees the caller's, as under torchrun
+    os.environ.clear()
+    os.environ.update(environ)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size))
     # A file store, not a TCP port: a port picked free and released before rank 0 binds it can be
@@ -523,8 +527,8 @@ def run_local_ranks(config_path: str, overrides: list[str], world_size: int, tim
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "transformers", "peft", "hobson.decider.train"])
     with tempfile.TemporaryDirectory(prefix="hobson-ranks-") as store_dir:
-        procs = mp.start_processes(_rank_main, args=(world_size, store_dir, str(config_path), list(overrides)),
-                                   nprocs=world_size, start_method="forkserver", join=False)
+        args = (world_size, store_dir, str(config_path), list(overrides), dict(os.environ))
+        procs = mp.start_processes(_rank_main, args=args, nprocs=world_size, start_method="forkserver", join=False)
         t0 = time.monotonic()
         try:
             while not procs.join(timeout=1.0):

@@ -1,11 +1,12 @@
 """The RL job's sbatch script from flags: what ``python launch/submit.py rl --backend slurm``
-submits (and ``--dry-run`` prints).
+submits (and ``--dry-run`` prints), rendered by the recipe jobs' ``render_sbatch``.
 
 :func:`render_rl_sbatch` is a pure function. Its script is the same job as
-``sbatch/<algorithm>.sh``: the ``#SBATCH`` blocks of the two components (``#SBATCH hetjob``
-between them), the settings as exported environment variables, then the shared body
-``sbatch/rl_common.sh``. ``colocated=True`` renders one component holding both processes (its
-GPUs split between them), for clusters that disable heterogeneous jobs.
+``sbatch/<algorithm>.sh`` (which :func:`shipped_script` renders, byte for byte): the ``#SBATCH``
+blocks of the two components (``#SBATCH hetjob`` between them), the settings as exported
+environment variables, then the shared body ``sbatch/rl_common.sh``. ``colocated=True`` renders
+one component holding both processes (its GPUs split between them), for clusters that disable
+heterogeneous jobs.
 
 The ``python -m jobs.rl`` flags given are mapped onto the script's settings (``--model`` to
 MODEL, ``--updates`` to UPDATES, ...); the others travel in RL_ARGS, shell-quoted.
@@ -13,15 +14,15 @@ MODEL, ``--updates`` to UPDATES, ...); the others travel in RL_ARGS, shell-quote
 
 from __future__ import annotations
 
+import inspect
 import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from hobson.launch.sbatch import _quote
+from hobson.launch.sbatch import SbatchBlock, render_sbatch
 
 if TYPE_CHECKING:
     from hobson.launch.options import ClusterProfile
-    from hobson.records import RunPaths
 
 # jobs.rl flag -> the script's variable (the flags rl_common.sh sets itself)
 FLAG_VARS = {
@@ -65,11 +66,13 @@ def split_rl_args(rl_args: Sequence[str]) -> tuple[dict[str, str], list[str]]:
     return env, rest
 
 
-def _component(gpus: int, cpus: int, mem: str) -> list[str]:
-    lines = ["--nodes=1", "--ntasks=1", f"--cpus-per-task={cpus}", f"--mem={_quote(mem)}"]
-    if gpus:
-        lines.append(f"--gpus-per-node={gpus}")
-    return [f"#SBATCH {x}" for x in lines]
+def _blocks(colocated: bool, train_gpus: int, rollout_gpus: int, train_cpus: int, rollout_cpus: int,
+            train_mem: str, rollout_mem: str) -> list[SbatchBlock]:
+    if colocated:  # one component holding both processes; its GPUs split between them
+        return [SbatchBlock(cpus_per_task=train_cpus + rollout_cpus, mem=train_mem,
+                            gpus_per_node=train_gpus + rollout_gpus)]
+    return [SbatchBlock(cpus_per_task=train_cpus, mem=train_mem, gpus_per_node=train_gpus),
+            SbatchBlock(cpus_per_task=rollout_cpus, mem=rollout_mem, gpus_per_node=rollout_gpus)]
 
 
 def render_rl_sbatch(
@@ -96,54 +99,75 @@ def render_rl_sbatch(
     python: str = "python",
     env: dict[str, str] | None = None,
 ) -> str:
-    """The script text. ``rl_args`` are ``python -m jobs.rl`` flags; ``env`` more settings of
-    sbatch/rl_common.sh (THREADS, RESUME, ...); ``extra`` verbatim ``--opt=value`` lines for
-    every component (cluster profile); ``setup`` shell lines run first (module load, venv)."""
+    """The script text, through the recipe jobs' :func:`render_sbatch`. ``rl_args`` are
+    ``python -m jobs.rl`` flags; ``env`` more settings of sbatch/rl_common.sh (THREADS, RESUME,
+    ...); ``extra`` verbatim ``--opt=value`` lines for every component (cluster profile); ``setup``
+    shell lines run first (module load, venv)."""
     settings, rest = split_rl_args(rl_args)
     settings.setdefault("ALGORITHM", algorithm)
     alg = settings["ALGORITHM"]
-    shared = [f"--{k}={_quote(v)}" for k, v in (("partition", partition), ("account", account), ("qos", qos),
-                                                 ("constraint", constraint)) if v]
-    shared += list(extra)
-    head = [
-        f"#SBATCH --job-name={_quote(job_name or 'hobson-' + alg.replace('-', '_'))}",
-        f"#SBATCH --output={_quote(log)}",
-        f"#SBATCH --time={_quote(time)}",
-        "#SBATCH --open-mode=append",  # a requeued job appends to the first attempt's log
-        "#SBATCH --signal=B:USR2@120",  # the script requeues itself on USR2 and resumes
-        "#SBATCH --requeue",
-        *[f"#SBATCH {x}" for x in sorted(shared)],
-    ]
     if colocated:
-        blocks = [*head, *_component(train_gpus + rollout_gpus, train_cpus + rollout_cpus, train_mem)]
         settings.update(COLOCATED="1", ROLLOUT_GPUS=str(rollout_gpus))
-    else:
-        blocks = [
-            *head,
-            *_component(train_gpus, train_cpus, train_mem),
-            "#SBATCH hetjob",
-            *[f"#SBATCH {x}" for x in sorted(shared)],
-            *_component(rollout_gpus, rollout_cpus, rollout_mem),
-        ]
     settings.update(env or {})
     settings.setdefault("PYTHON", python)
     if rest:
         settings["RL_ARGS"] = shlex.join(rest)
     mode = "ONE job, both processes on one node (colocated)" if colocated else (
         "ONE heterogeneous job: component 0 trains, component 1 serves rollouts")
-    return "\n".join([
-        "#!/bin/bash",
-        f"# {alg} as {mode}.",
-        "# Rendered by `python launch/submit.py rl --backend slurm` (launch/rl_sbatch.py); the same job",
-        f"# as sbatch/{alg.replace('-', '_')}.sh. Settings: sbatch/rl_common.sh.",
-        *blocks,
-        "",
-        *setup,
-        f"export HOBSON_REPO=${{HOBSON_REPO:-{shlex.quote(repo)}}}",
-        *[f"export {k}={shlex.quote(v)}" for k, v in sorted(settings.items())],
+    return render_sbatch(
         'source "$HOBSON_REPO/sbatch/rl_common.sh"',
-        "",
-    ])
+        preamble=(f"# {alg} as {mode}.",
+                  "# Rendered by `python launch/submit.py rl --backend slurm` (launch/rl_sbatch.py); the same job",
+                  f"# as sbatch/{alg.replace('-', '_')}.sh. Settings: sbatch/rl_common.sh."),
+        **_job_wide(job_name or "hobson-" + alg.replace("-", "_"), log, time),
+        hetjob=_blocks(colocated, train_gpus, rollout_gpus, train_cpus, rollout_cpus, train_mem, rollout_mem),
+        partition=partition, account=account, qos=qos, constraint=constraint, extra=tuple(extra),
+        setup=(*setup, f"export HOBSON_REPO=${{HOBSON_REPO:-{shlex.quote(repo)}}}",
+               *[f"export {k}={shlex.quote(v)}" for k, v in sorted(settings.items())]),
+    )
+
+
+def _job_wide(job_name: str, log: str, time: str) -> dict[str, Any]:
+    # a requeued job appends to the first attempt's log; the script requeues itself on USR2 and resumes
+    return {"job_name": job_name, "output": log, "time": time, "open_mode": "append", "signal": "B:USR2@120",
+            "requeue": True}
+
+
+SHIPPED = {"grpo": "grpo", "ppo": "ppo", "dppo": "dppo", "flow_dppo": "flow-dppo"}  # sbatch/<name>.sh -> algorithm
+
+
+def shipped_script(name: str) -> str:
+    """``sbatch/<name>.sh`` exactly: the job ``render_rl_sbatch`` renders at its defaults, as a plain
+    script a Slurm user submits with ``sbatch`` and edits (settings from the environment, the
+    checkout from ``$SLURM_SUBMIT_DIR``). ``python -m hobson.launch.rl_sbatch --write`` rewrites them."""
+    alg = SHIPPED[name]
+    usage = (
+        f"# {alg} on a looped model (Huginn, Nanbeige) as ONE heterogeneous Slurm job: component 0 trains",
+        "# (python -m jobs.rl), component 1 serves rollouts (python -m jobs.rollout_server); weights",
+        "# reach the server as versioned publications in OUTPUT/publications/.",
+        "#",
+        f"#   sbatch sbatch/{name}.sh                                     # tiny Huginn + arithmetic data",
+        f"#   MODEL=/models/huginn-0125 DATA=math.jsonl OUTPUT=runs/huginn-{name} UPDATES=100 sbatch sbatch/{name}.sh",
+        f"#   OUTPUT=runs/huginn-{name} sbatch sbatch/{name}.sh              # a second job on OUTPUT resumes it",
+        f"#   DEVICE=cpu THREADS=1 sbatch sbatch/{name}.sh                # CPU nodes",
+        "#",
+        "# Settings (environment variables, all optional; details in sbatch/rl_common.sh):",
+        "#   MODEL DATA OUTPUT UPDATES STOP_AFTER RESUME DEVICE ENGINE_DEVICE MODEL_REVISION ENGINE_REVISION",
+        "#   THREADS RL_ARGS READY_TIMEOUT REQUEST_TIMEOUT PUBLISH_TIMEOUT HOBSON_REPO PYTHON",
+        f"#   ALGORITHM (default {alg})",
+        "# Resources: component 0 is the first block of #SBATCH lines, component 1 the block after",
+        '# "#SBATCH hetjob"; change them here or on the sbatch command line (which sets component 0\'s).',
+        "# This file is render_rl_sbatch's job at its defaults (launch/rl_sbatch.py; a test keeps them equal).",
+    )
+    d = inspect.signature(render_rl_sbatch).parameters
+    return render_sbatch(
+        'source "${HOBSON_REPO:-${SLURM_SUBMIT_DIR:-.}}/sbatch/rl_common.sh"',
+        preamble=usage,
+        **_job_wide(f"hobson-{name}", f"logs/rl-{name}-%j.log", d["time"].default),
+        hetjob=_blocks(False, *(d[k].default for k in ("train_gpus", "rollout_gpus", "train_cpus", "rollout_cpus",
+                                                       "train_mem", "rollout_mem"))),
+        setup=(f"ALGORITHM=${{ALGORITHM:-{alg}}}", "# shellcheck source=sbatch/rl_common.sh"),
+    )
 
 
 def script_for_profile(rl_args: Sequence[str], profile: ClusterProfile, log: str, **options: Any) -> str:
@@ -158,22 +182,23 @@ def script_for_profile(rl_args: Sequence[str], profile: ClusterProfile, log: str
     )
 
 
-def submit_script(script: str, paths: RunPaths) -> str:
-    """Submit ``script`` the way the Slurm backend submits every job, record the submission in the
-    run record, and return the job id (for scripts rendered outside a launch, e.g. in tests)."""
-    from hobson.errors import HobsonError
-    from hobson.launch.backends.slurm import sbatch
-    from hobson.records import read_run_json, utc_now, write_run_json
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hobson.launch.rl_sbatch [--write]``: print (or rewrite) the shipped sbatch/<alg>.sh."""
+    import argparse
 
-    (paths.run_dir / "slurm").mkdir(parents=True, exist_ok=True)
-    paths.logs_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        sj = sbatch(script, paths.run_dir / "slurm")
-    except Exception as e:  # submitit raises its own types; quote sbatch's answer
-        raise HobsonError(f"sbatch refused the rl job: {e}") from None
-    meta = read_run_json(paths)
-    meta.setdefault("submissions", []).append(
-        {"job": "rl", "backend": "slurm", "job_id": sj.job_id, "attempt": utc_now(),
-         "script": str(sj.paths.submission_file)})
-    write_run_json(paths, meta)
-    return str(sj.job_id)
+    from hobson.records import REPO_ROOT
+
+    p = argparse.ArgumentParser(prog="python -m hobson.launch.rl_sbatch", description=main.__doc__)
+    p.add_argument("--write", action="store_true", help="rewrite sbatch/<alg>.sh from the renderer")
+    args = p.parse_args(argv)
+    for name in SHIPPED:
+        text = shipped_script(name)
+        if args.write:
+            (REPO_ROOT / "sbatch" / f"{name}.sh").write_text(text)
+        else:
+            print(f"===== sbatch/{name}.sh\n{text}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -14,23 +14,32 @@
 #   ALGORITHM (default dppo)
 # Resources: component 0 is the first block of #SBATCH lines, component 1 the block after
 # "#SBATCH hetjob"; change them here or on the sbatch command line (which sets component 0's).
+# This file is render_rl_sbatch's job at its defaults (launch/rl_sbatch.py; a test keeps them equal).
+
+# Parameters
+#SBATCH --cpus-per-task=8
+#SBATCH --gpus-per-node=1
 #SBATCH --job-name=hobson-dppo
-#SBATCH --output=logs/rl-dppo-%j.log
-#SBATCH --time=24:00:00
+#SBATCH --mem=40G
+#SBATCH --nodes=1
+#SBATCH --ntasks=1
 #SBATCH --open-mode=append
-#SBATCH --signal=B:USR2@120
+#SBATCH --output=logs/rl-dppo-%j.log
 #SBATCH --requeue
-#SBATCH --nodes=1
-#SBATCH --ntasks=1
-#SBATCH --cpus-per-task=8
-#SBATCH --gpus-per-node=1
-#SBATCH --mem=40G
+#SBATCH --signal=B:USR2@120
+#SBATCH --time=24:00:00
 #SBATCH hetjob
-#SBATCH --nodes=1
-#SBATCH --ntasks=1
 #SBATCH --cpus-per-task=8
 #SBATCH --gpus-per-node=1
 #SBATCH --mem=40G
+#SBATCH --nodes=1
+#SBATCH --ntasks=1
+
+# setup
 ALGORITHM=${ALGORITHM:-dppo}
 # shellcheck source=sbatch/rl_common.sh
+
+# command
 source "${HOBSON_REPO:-${SLURM_SUBMIT_DIR:-.}}/sbatch/rl_common.sh"
+
+# teardown

@@ -3,7 +3,9 @@
 - Stages never know their backend: nothing under src/hobson or jobs/ imports hobson.launch.
 - The RL rooms are layered, models <- rollout <- rl: models/ imports neither rollout/ nor rl/,
   rollout/ never imports rl/.
-- No module under src/hobson imports another that imports it back, directly or around a loop.
+- The AWS room (aws/) never imports the launcher; the launcher's aws backend adapts it.
+- No installed module (src/hobson, launch/, jobs/, aws/) imports another that imports it back,
+  directly or around a loop.
 
 Every import in a file counts, including those inside functions: a late import still makes the
 importing module depend on the imported one, it only hides the cycle until the call.
@@ -37,12 +39,19 @@ def test_stage_code_never_imports_the_launcher():
     assert offenders == []
 
 
-def _modules() -> dict[str, Path]:
-    """Dotted name -> file of every module under src/hobson (a package is its ``__init__.py``)."""
+# where each installed package's source lives (setup.py's package_dir): src/hobson, and the
+# checkout folders installed inside it
+ROOTS = {"hobson": SRC / "hobson", "hobson.launch": REPO / "launch", "hobson.jobs": REPO / "jobs",
+         "hobson.aws": REPO / "aws"}
+
+
+def _modules(roots: dict[str, Path] | None = None) -> dict[str, Path]:
+    """Dotted name -> file of every installed module (a package is its ``__init__.py``)."""
     modules = {}
-    for path in sorted((SRC / "hobson").rglob("*.py")):
-        parts = path.relative_to(SRC).with_suffix("").parts
-        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    for package, root in (roots or ROOTS).items():
+        for path in sorted(root.rglob("*.py")):
+            parts = (*package.split("."), *path.relative_to(root).with_suffix("").parts)
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return modules
 
 
@@ -169,8 +178,20 @@ def test_import_graph_sees_late_and_relative_imports(tmp_path):
     assert find_cycle(graph) == ["p.a", "p.sub.b", "p.a"]
 
 
-def test_no_import_cycle_under_src_hobson():
+def test_the_aws_room_never_imports_the_launcher():
+    """The launcher's aws backend adapts hobson.aws.session; the AWS room does not call back."""
+    aws = _modules({"hobson.aws": ROOTS["hobson.aws"]})
+    assert {"hobson.aws.session", "hobson.aws.remote", "hobson.aws.runner"} <= set(aws)
+    offenders = [f"{path.relative_to(REPO)}:{line}: {base}" for module, path in aws.items()
+                 for line, base, names in _imports(module, path)
+                 if any(_within(t, "hobson.launch") for t in [base] + [f"{base}.{n}" for n in names])]
+    assert offenders == []
+
+
+def test_no_import_cycle_in_any_installed_module():
+    """src/hobson and the launch/, jobs/ and aws/ folders installed inside it."""
     modules = _modules()
+    assert {"hobson.launch.submit", "hobson.launch.backends.aws", "hobson.jobs.rl", "hobson.aws.runner"} <= set(modules)
     graph = import_graph(modules)
     # the graph must see what it guards: the trainer's late import of the vLLM engine, in a function
     assert "hobson.rollout.vllm_engine" in graph["hobson.rl.loop"]

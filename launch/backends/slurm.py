@@ -59,6 +59,24 @@ def sbatch(script: str, folder: Path) -> Any:
         return executor._submit_command(script)
 
 
+
+def submit_script(script: str, paths: RunPaths, job: str, record: dict | None = None) -> str:
+    """Submit ``script`` through :func:`sbatch` and append its submission (job name, id, script,
+    and ``record``'s fields) to the run record: the one path every Slurm job of a run takes,
+    recipe stages and the RL job alike. Returns the job id; sbatch's refusal is a HobsonError."""
+    (paths.run_dir / "slurm").mkdir(parents=True, exist_ok=True)
+    paths.logs_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        sj = sbatch(script, paths.run_dir / "slurm")
+    except Exception as e:  # submitit raises its own types; quote sbatch's answer
+        raise HobsonError(f"sbatch refused job {job}: {e}") from None
+    meta = read_run_json(paths)
+    meta.setdefault("submissions", []).append(
+        {"job": job, "backend": "slurm", "job_id": sj.job_id, "attempt": utc_now(),
+         **(record or {}), "script": str(sj.paths.submission_file)})
+    write_run_json(paths, meta)
+    return str(sj.job_id)
+
 @contextlib.contextmanager
 def _scrubbed_os_environ() -> Iterator[None]:
     """sbatch exports the caller's environment; drop a surrounding job's SLURM_* ids and limits."""
@@ -262,8 +280,6 @@ class SlurmBackend:
 
     def submit(self, jobs: list[JobSpec], paths: RunPaths, echo=print) -> dict[str, list[str]]:
         """Submit every unfinished job in DAG order; return ``{job name: [slurm job ids]}``."""
-        (paths.run_dir / "slurm").mkdir(parents=True, exist_ok=True)
-        meta = read_run_json(paths)
         limit = max_array_size()
         attempt = utc_now()
         ids: dict[str, list[str]] = {}
@@ -278,27 +294,22 @@ class SlurmBackend:
             ids[job.name] = []
             for part in parts:
                 script = self.render_components(job, paths) if job.components else self.render(job, paths, ids, part)
+                sub: dict = {"attempt": attempt}
+                if part is not None:
+                    sub.update(shards=format_spec(part), tasks=len(part))
+                if job.components:  # one Slurm job; its components are <id>+0, <id>+1 (one id when colocated)
+                    sub.update(components=[c.name for c in job.components], colocated=job.colocated)
                 try:
-                    sj = sbatch(script, paths.run_dir / "slurm")
-                except Exception as e:  # submitit raises its own types; quote sbatch's answer
+                    job_id = submit_script(script, paths, job.name, sub)
+                except HobsonError as e:
                     # a chain with a missing link would only half run: take back what this call submitted
                     submitted = [i for v in ids.values() for i in v]
                     if submitted:
                         _client(["scancel", *submitted], scrubbed_environ())
-                    raise HobsonError(f"sbatch refused job {job.name}: {e}"
-                                      + (f"\ncancelled the jobs already submitted: {', '.join(submitted)}"
-                                         if submitted else "")) from None
-                ids[job.name].append(sj.job_id)
-                sub = {"job": job.name, "backend": "slurm", "job_id": sj.job_id, "attempt": attempt,
-                       "script": str(sj.paths.submission_file)}
-                if part is not None:
-                    sub.update(shards=format_spec(part), tasks=len(part))
-                if job.components:  # one Slurm job; its components are <id>+0, <id>+1 (one id when colocated)
-                    sub["components"] = [c.name for c in job.components]
-                    sub["colocated"] = job.colocated
-                meta.setdefault("submissions", []).append(sub)
-                write_run_json(paths, meta)
-                echo(f"[{job.name}] submitted job {sj.job_id}"
+                    raise HobsonError(str(e) + (f"\ncancelled the jobs already submitted: {', '.join(submitted)}"
+                                                if submitted else "")) from None
+                ids[job.name].append(job_id)
+                echo(f"[{job.name}] submitted job {job_id}"
                      + (f" (array of {len(part)} tasks: shards {format_spec(part)})" if part is not None else ""))
         return ids
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from hobson.aws.clients import Clients
-from hobson.aws.runner import RemoteRun
+from hobson.aws.remote import RemoteRun
 from hobson.launch import backends
 from hobson.launch.backends.base import BackendOptions, Launch
 from hobson.records import RunPaths, new_run_json, read_run_json, write_run_json

@@ -13,7 +13,7 @@ from dataclasses import asdict
 import boto3
 
 from hobson.aws.clients import Clients
-from hobson.aws.runner import RemoteRun
+from hobson.aws.remote import RemoteRun
 from hobson.launch.backends.aws import AwsBackend
 from hobson.records import RunPaths, new_run_json, write_run_json
 from tests.aws.conftest import make_config

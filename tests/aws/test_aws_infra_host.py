@@ -13,7 +13,7 @@ import pytest
 from hobson.aws import host, infra
 from hobson.aws.clients import Clients
 from hobson.aws.options import InstanceChoice
-from hobson.aws.runner import RemoteRun, Runner
+from hobson.aws.remote import RemoteRun, Runner
 from hobson.errors import HobsonError
 from tests.aws.conftest import agent_online, answer, make_config
 from tests.conftest import REPO

@@ -24,7 +24,7 @@ import boto3
 import pytest
 
 from hobson.aws.clients import Clients
-from hobson.aws.runner import RemoteRun
+from hobson.aws.remote import RemoteRun
 from hobson.launch.backends.aws import AwsBackend
 from hobson.records import RunPaths, new_run_json, read_run_json, read_stage_records, write_run_json
 from tests.aws.conftest import agent_online, make_config

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hobson.launch.rl_sbatch import render_rl_sbatch, split_rl_args
+from hobson.launch.rl_sbatch import SHIPPED, render_rl_sbatch, shipped_script, split_rl_args
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,8 +32,17 @@ def test_rendered_script_matches_the_sbatch_file(name: str, alg: str) -> None:
     assert f"#SBATCH --job-name=hobson-{name}" in rendered and f"#SBATCH --job-name=hobson-{name}" in shipped
     assert f"ALGORITHM=${{ALGORITHM:-{alg}}}" in shipped and f"export ALGORITHM={alg}" in rendered
     for text in (rendered, shipped):
-        assert 'rl_common.sh"' in text.splitlines()[-1]
+        # the render's command section (after its settings) is the one line sourcing the shared body
+        assert 'rl_common.sh"' in text.split("# command\n")[1].splitlines()[0]
         subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_shipped_script_is_the_renderers_output_byte_for_byte(name: str) -> None:
+    shipped = (REPO / "sbatch" / f"{name}.sh").read_text()
+    assert shipped == shipped_script(name), (
+        f"sbatch/{name}.sh differs from the renderer at its defaults: edit launch/rl_sbatch.py, then "
+        "`python -m hobson.launch.rl_sbatch --write`")
 
 
 def test_flags_become_settings_and_the_rest_rl_args() -> None:

@@ -134,8 +134,9 @@ def test_grpo_het_job_components_on_two_nodes_same_bits(slurm_jobs, reference: P
 def test_colocated_single_component_same_bits(slurm_jobs, reference: Path) -> None:
     """The colocated script, submitted the way `submit.py rl --backend slurm --colocated` does
     (rendered from flags, through submitit's executor)."""
+    from hobson.launch.backends.slurm import submit_script
     from hobson.launch.options import ClusterProfile
-    from hobson.launch.rl_sbatch import script_for_profile, submit_script
+    from hobson.launch.rl_sbatch import script_for_profile
     from hobson.records import RunPaths, new_run_json, write_run_json
 
     paths = RunPaths.create(slurm_jobs.workdir / "launch-run", slurm_jobs.workdir / "logs")
@@ -149,7 +150,7 @@ def test_colocated_single_component_same_bits(slurm_jobs, reference: Path) -> No
         env={"THREADS": "1"},
     )
     assert "hetjob" not in script and "export COLOCATED=1" in script
-    job = submit_script(script, paths)
+    job = submit_script(script, paths, "rl")
     slurm_jobs.submitted.append(job)
     rows = slurm_jobs.wait(job, deadline_s=DEADLINE_S, fields=("JobID", "State", "NodeList"))
     log = paths.log("rl").read_text() if paths.log("rl").exists() else "(no log)"

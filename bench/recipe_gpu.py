@@ -95,6 +95,7 @@ import torch
 
 from hobson.io import dumps_row, write_json_atomic
 from hobson.labels.label import DEFAULT_MAX_BATCH_ROWS, DEFAULT_MAX_BATCH_TOKENS
+from hobson.threads import threads
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -623,15 +624,6 @@ def stdout_to_stderr() -> Iterator[None]:
         yield
 
 
-@contextlib.contextmanager
-def kept_threads() -> Iterator[None]:
-    n = torch.get_num_threads()
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
-
-
 def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
     from hobson.decider.config import load_train_config
     from hobson.decider.train import DeciderTrainRecipe
@@ -648,7 +640,7 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
         torch.cuda.reset_peak_memory_stats()
     with gated_deltanet(device, compile=args.compile, compile_backend=args.compile_backend,
                         force_torch=args.gdn == "torch") as gdn, random_torso_loader(device), \
-            stdout_to_stderr(), kept_threads():
+            stdout_to_stderr(), threads(None):
         log(f"train: Gated DeltaNet path {gdn}")
         recipe = DeciderTrainRecipe(cfg)
         try:
@@ -799,7 +791,7 @@ def bench_ddp(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     with gated_deltanet(device, force_torch=args.gdn == "torch") as gdn, random_torso_loader(device), \
-            stdout_to_stderr(), kept_threads():
+            stdout_to_stderr(), threads(None):
         rc = recipe_main(load_train_config(args.config, runs["one"]))
     one_s = time.perf_counter() - start
     if rc != 0:
@@ -962,7 +954,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command == "ddp-worker":
         return ddp_worker(args.spec)
-    with kept_threads():
+    with threads(None):
         if args.device == "cpu":
             torch.set_num_threads(args.threads)
         return run_parts(args, argv)

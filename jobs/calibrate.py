@@ -41,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        from hobson.decider.release import calibrate_checkpoint, set_threads
+        from hobson.decider.release import calibrate_checkpoint
+        from hobson.threads import set_threads
 
         set_threads(args.threads)
         temps, path = calibrate_checkpoint(args.checkpoint, args.eval_files, out=args.out,

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         from hobson.decider.evaluate import evaluate_checkpoint, format_table
-        from hobson.decider.release import set_threads
+        from hobson.threads import set_threads
 
         set_threads(args.threads)
         report = evaluate_checkpoint(args.checkpoint, args.eval_files, args.out, device=args.device,

@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         from hobson.decider.evaluate import format_table
-        from hobson.decider.release import release, set_threads
+        from hobson.decider.release import release
+        from hobson.threads import set_threads
 
         set_threads(args.threads)
         report = release(args.checkpoints, args.eval_files, args.out, catchall=args.catchall,

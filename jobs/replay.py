@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"replay: shard {shard} of {n} already done: {path}", flush=True)
     else:
         from hobson.decider.predict import DeciderScorer, check_rows_fit, load_decider
-        from hobson.decider.release import set_threads
+        from hobson.threads import set_threads
 
         _verify_corpus(args.corpus)
         rows = read_rows(args.corpus)

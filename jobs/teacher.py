@@ -55,15 +55,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _set_threads(threads: int | None) -> None:
-    import torch
-
-    if threads is None and os.environ.get("HOBSON_CPUS"):
-        threads = int(os.environ["HOBSON_CPUS"])
-    if threads is not None:
-        torch.set_num_threads(threads)
-
-
 def _load_teacher(args: argparse.Namespace, rows: list[dict]) -> tuple[object, object]:
     from transformers.utils import logging as hf_logging
 
@@ -104,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
         _verify_corpus(args.corpus)
         rows = read_rows(args.corpus)
         check_option_counts(rows, args.corpus)
-        _set_threads(args.threads)
+        from hobson.threads import set_threads
+
+        set_threads(args.threads)
         from hobson.labels.lm_scorer import LMOptionScorer
 
         model, tokenizer = _load_teacher(args, rows)

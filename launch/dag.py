@@ -413,13 +413,18 @@ RL_TRAINING, RL_ROLLOUT = "training", "rollout"
 
 
 def rl_job(job_args: list[str], outputs: list[str], *, train_gpus: int = 1, rollout_gpus: int = 1,
-           colocated: bool = False) -> JobSpec:
+           colocated: bool = False, resources: dict[str, dict] | None = None) -> JobSpec:
     """The RL run as one job of two components: ``training`` (one task on ``train_gpus``) and
     ``rollout`` (one task, the rollout server, on ``rollout_gpus``). Backends that run both in
     one process (local, the AWS host) start the training component, whose engine then runs in
-    process; Slurm runs them as one heterogeneous job (or one node when ``colocated``)."""
-    train = Resources(gpus=max(train_gpus, 1), cpus=8, mem_gb=40, time="24:00:00")
-    rollout = Resources(gpus=max(rollout_gpus, 1), cpus=8, mem_gb=40, time="24:00:00")
+    process; Slurm runs them as one heterogeneous job (or one node when ``colocated``).
+    ``resources`` (component name -> Resources fields) replaces the defaults: a job started with
+    plain sbatch recorded what it was given, and its retry asks for the same."""
+    given = resources or {}
+    train = Resources(**{"gpus": max(train_gpus, 1), "cpus": 8, "mem_gb": 40, "time": "24:00:00",
+                         **given.get(RL_TRAINING, {})})
+    rollout = Resources(**{"gpus": max(rollout_gpus, 1), "cpus": 8, "mem_gb": 40, "time": "24:00:00",
+                           **given.get(RL_ROLLOUT, {})})
     return JobSpec(name="rl", stage="rl", job="rl", job_args=list(job_args), inputs=[], outputs=outputs,
                    resources=Resources(gpus=train.gpus, cpus=2, mem_gb=48, time="24:00:00"),
                    components=[Component(RL_TRAINING, 1, train), Component(RL_ROLLOUT, 1, rollout)],

@@ -110,6 +110,7 @@ def render_rl_sbatch(
         settings.update(COLOCATED="1", ROLLOUT_GPUS=str(rollout_gpus))
     settings.update(env or {})
     settings.setdefault("PYTHON", python)
+    settings["HOBSON_LAUNCHED"] = "1"  # the launcher keeps this run's record; the job writes none
     if rest:
         settings["RL_ARGS"] = shlex.join(rest)
     mode = "ONE job, both processes on one node (colocated)" if colocated else (

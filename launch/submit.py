@@ -447,6 +447,7 @@ class _RLRun:
     colocated: bool = False
     cluster: str = str(DEFAULT_CLUSTER)
     host_argv: list[str] = field(default_factory=list)
+    resources: dict[str, dict] | None = None  # per component, as a plain-sbatch job recorded them
 
     def job(self, retry: bool) -> dag.JobSpec:
         args = list(self.rl_args)
@@ -454,7 +455,7 @@ class _RLRun:
         if retry and "--resume" not in args and out and (Path(out) / "run.json").exists():
             args.append("--resume")  # continue from the newest intact checkpoint, bit for bit
         return dag.rl_job(args, self.outputs, train_gpus=self.ngpu, rollout_gpus=self.rollout_gpus,
-                          colocated=self.colocated)
+                          colocated=self.colocated, resources=self.resources)
 
 
 def _flag_value(argv: list[str], flag: str) -> str | None:
@@ -501,7 +502,7 @@ def _rl_launch_from_record(paths: RunPaths, meta: dict) -> _RLRun:
     o = meta["options"]
     return _RLRun(paths, list(o["rl"]), list(o.get("outputs", ["rl/metrics.jsonl"])), int(o.get("ngpu", 1)),
                   int(o.get("rollout_gpus", 1)), bool(o.get("colocated", False)),
-                  o.get("cluster", str(DEFAULT_CLUSTER)), list(o.get("host_argv", [])))
+                  o.get("cluster", str(DEFAULT_CLUSTER)), list(o.get("host_argv", [])), o.get("resources"))
 
 
 def _launch_rl(run: _RLRun, backend: Backend, *, retry: bool, dry_run: bool) -> int:

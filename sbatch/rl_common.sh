@@ -32,6 +32,9 @@
 #   PUBLISH_TIMEOUT  seconds for one publication to be loaded and committed (default 600)
 #   COLOCATED        1: both components in this one-component job (default 0: heterogeneous)
 #   ROLLOUT_GPUS     GPUs the colocated server takes from the node's list (default 1)
+#   RUN_DIR          the run record of a job submitted with plain sbatch (default runs/slurm-$SLURM_JOB_ID):
+#                    `python launch/submit.py status|logs|cancel|retry RUN_DIR` (the launcher sets
+#                    HOBSON_LAUNCHED=1 in what it submits, and keeps its own record)
 #   HOBSON_REPO      the checkout to run in: relative paths start there (default $SLURM_SUBMIT_DIR)
 #   PYTHON           interpreter with hobson installed (default python); an editable install of
 #                    HOBSON_REPO (`pip install -e .` there, the README's set-up) runs that checkout's code
@@ -104,6 +107,25 @@ if [ "$RESUME" = 1 ] || { [ "$RESUME" = auto ] && [ -f "$OUTPUT/run.json" ]; }; 
 fi
 # shellcheck disable=SC2206  # RL_ARGS is a list of words
 RL+=($RL_ARGS)
+
+# ---- the run record: a job the launcher did not submit (plain `sbatch sbatch/<alg>.sh`) records
+# itself in RUN_DIR, the launcher's own run.json, so `python launch/submit.py status|logs|cancel|retry
+# RUN_DIR` work on it too
+if [ -z "${HOBSON_LAUNCHED:-}" ] && [ -n "${SLURM_JOB_ID:-}" ]; then
+  RUN_DIR=${RUN_DIR:-runs/slurm-$JOB_ID}
+  REC=(--algorithm "$ALGORITHM" --output "$(realpath -m "$OUTPUT")" --updates "$UPDATES" --device "$DEVICE"
+       --engine-device "$ENGINE_DEVICE" --engine-timeout "$REQUEST_TIMEOUT" --publish-timeout "$PUBLISH_TIMEOUT"
+       --engine-ready-timeout "$READY_TIMEOUT")
+  [ -z "$MODEL" ] || REC+=(--model "$(realpath -m "$MODEL")")
+  [ -z "$DATA" ] || REC+=(--data "$(realpath -m "$DATA")")
+  [ -z "$MODEL_REVISION" ] || REC+=(--model-revision "$MODEL_REVISION")
+  [ -z "$ENGINE_REVISION" ] || REC+=(--engine-revision "$ENGINE_REVISION")
+  # shellcheck disable=SC2206  # RL_ARGS is a list of words
+  REC+=($RL_ARGS)
+  COLO=(); [ "$COLOCATED" != 1 ] || COLO=(--colocated)
+  "$PYTHON" -m hobson.launch.sbatch_record --run-dir "$RUN_DIR" --job-id "$JOB_ID" "${COLO[@]}" -- "${REC[@]}" ||
+    say "warning: could not write the run record in $RUN_DIR"
+fi
 
 # stop PID (an srun): TERM (srun passes it to its step), KILL after 10 s; reaps it
 stop() {

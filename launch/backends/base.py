@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Protocol
 
 from hobson.io import sha256_file
 from hobson.launch.dag import JobSpec
-from hobson.records import RunPaths, latest_records, read_stage_records
+from hobson.records import RunPaths, latest_records, read_run_json, read_stage_records
 
 
 @dataclass
@@ -87,13 +87,19 @@ class Backend(Protocol):
         """Launch again what did not finish (finished jobs and shards are skipped by digest)."""
 
 
+def _submissions(paths: RunPaths) -> list[dict]:
+    return read_run_json(paths).get("submissions", []) if paths.run_json.exists() else []
+
+
 def local_logs(paths: RunPaths, job: str | None = None, task: int | None = None) -> str:
     """Logs in the run's logs directory (the local and Slurm backends write them there)."""
     from hobson.errors import HobsonError
 
+    # a job that named its own log (plain `sbatch sbatch/<alg>.sh`: its --output) recorded it
+    recorded = {s["job"]: Path(s["log"]) for s in _submissions(paths) if s.get("log") and s.get("job")}
     if job is None:
-        return "".join(f"{p}\n" for p in sorted(paths.logs_dir.glob("*.log")))
-    log = paths.log(job, task)
+        return "".join(f"{p}\n" for p in sorted({*paths.logs_dir.glob("*.log"), *recorded.values()}))
+    log = recorded[job] if task is None and job in recorded and not paths.log(job).exists() else paths.log(job, task)
     if not log.exists():
         raise HobsonError(f"no log {log}; logs of this run: "
                           + (", ".join(p.name for p in sorted(paths.logs_dir.glob("*.log"))) or "none yet"))

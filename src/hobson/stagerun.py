@@ -152,9 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     job_args = [subst(a) for a in job_args]
     outputs = [subst(o) for o in args.output]
     if args.cpus:
-        import torch  # set before the stage builds anything, so results match across backends
+        from hobson.threads import set_threads  # before the stage builds anything: results match across backends
 
-        torch.set_num_threads(args.cpus)
+        set_threads(args.cpus)
 
     start, t0 = utc_now(), time.monotonic()
     print(f"[hobson] stage {args.stage}" + (f" shard {shard} (task {task})" if shard is not None else "")

@@ -324,3 +324,42 @@ def test_rl_through_the_launcher_status_cancel_retry(slurm_jobs, reference: Path
     _assert_same(reference, run_dir / "rl")
     status = run_cli("status", str(run_dir)).stdout
     assert "failed or cancelled" not in status, status
+
+
+def test_plain_sbatch_job_records_itself_for_status_logs_cancel_retry(slurm_jobs, reference: Path) -> None:
+    """`sbatch sbatch/grpo.sh` (no launcher) writes the launcher's run record from inside the job:
+    `status` shows both components while the trainer holds after checkpoint 1, `logs` prints the
+    job's own log, `cancel` stops it, and `retry` resubmits it (same resources, --resume) to the
+    uninterrupted run's bits."""
+    from tests.conftest import run_cli
+
+    run = slurm_jobs.workdir / "plain-out"
+    run_dir = slurm_jobs.workdir / "plain-record"
+    holds = slurm_jobs.workdir / "holds"
+    job = _submit(slurm_jobs, "grpo.sh", _env(run, RUN_DIR=str(run_dir), **_hold(holds, "update-2")),
+                  "--cpus-per-task=1", "--mem=2G")
+    _wait_held(slurm_jobs, job, holds, "update-2")
+    meta = json.loads((run_dir / "run.json").read_text())
+    (sub,) = meta["submissions"]
+    assert meta["backend"] == "slurm" and meta["options"]["started_by"] == "sbatch"
+    assert sub["job_id"] == job and sub["components"] == ["training", "rollout"]
+    assert meta["options"]["resources"]["training"]["cpus"] == 1, meta["options"]
+    status = run_cli("status", str(run_dir)).stdout
+    rows = {line.split()[1]: line for line in status.splitlines()[2:] if line.startswith("rl ")}
+    assert set(rows) == {"training", "rollout"}, status
+    assert f"{job}+0" in rows["training"] and "RUNNING" in rows["training"], status
+    assert f"{job}+1" in rows["rollout"] and "RUNNING" in rows["rollout"], status
+    assert "rollout component (het group 1) ready" in run_cli("logs", str(run_dir), "rl").stdout
+    assert f"cancelled jobs {job}" in run_cli("cancel", str(run_dir)).stdout
+    faults.release(holds, "update-2")
+    slurm_jobs.wait(job, deadline_s=DEADLINE_S)
+    assert "failed or cancelled: rl training, rl rollout" in run_cli("status", str(run_dir)).stdout
+    run_cli("retry", str(run_dir), env={"THREADS": "1"})
+    last = json.loads((run_dir / "run.json").read_text())["submissions"][-1]
+    again = last["job_id"]
+    slurm_jobs.submitted.append(again)
+    script = Path(last["script"]).read_text()
+    assert again != job and "export RESUME=1" in script and "#SBATCH --cpus-per-task=1" in script, script
+    rows = slurm_jobs.wait(again, deadline_s=DEADLINE_S)
+    assert {r["State"] for r in rows} == {"COMPLETED"}, run_cli("logs", str(run_dir), "rl").stdout
+    _assert_same(reference, run)

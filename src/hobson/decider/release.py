@@ -12,23 +12,12 @@ Each step is the same function the single-purpose jobs call (``jobs.soup``, ``jo
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from hobson.decider.calibrate import DEFAULT_MIN_KIND_ROWS, fit_temperatures, split_half, write_temperatures
 from hobson.decider.evaluate import read_eval_rows
-
-
-def set_threads(threads: int | None) -> None:
-    """torch intra-op threads from ``threads``, else env ``HOBSON_CPUS``, else torch's default."""
-    import torch
-
-    if threads is None and os.environ.get("HOBSON_CPUS"):
-        threads = int(os.environ["HOBSON_CPUS"])
-    if threads:
-        torch.set_num_threads(threads)
 
 
 def calibrate_checkpoint(checkpoint: str, eval_files: Sequence[str], *, out: str | None = None,

@@ -35,6 +35,7 @@ from hobson.models.huginn import latent_like
 from hobson.rl.config import RLConfig
 from hobson.rl.data import ByteTokenizer
 from hobson.rollout.engine import is_recurrent_depth
+from hobson.threads import threads
 
 OPERANDS = 20
 OPS = ("+", "-")
@@ -46,16 +47,6 @@ CARD = "hobson_start.json"
 # intra-op reductions split by thread count, and 400 steps amplify the last bits: the start
 # checkpoint and the learning trials always run on this many threads, whatever the caller set
 THREADS = 2
-
-
-@contextlib.contextmanager
-def _threads(n: int = THREADS) -> Any:
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def prompt(a: int, op: str, b: int) -> str:
@@ -153,7 +144,7 @@ def ensure_start_checkpoint(kind: str, cache_dir: str | os.PathLike, echo: Any =
         if json.loads((target / CARD).read_text(encoding="utf-8")) == card:
             return target
     with atomic_dir(target, exists="replace", mode=0o755) as tmp:
-        with _threads():
+        with threads(THREADS):
             provider, model = train_start_model(kind, echo)
         provider.export(model, tmp)
         write_json_atomic(tmp / CARD, card)  # written last: a directory with its card is whole
@@ -198,7 +189,7 @@ def learning_trial(kind: str, algorithm: str, root: str | os.PathLike, *, curve_
         shutil.rmtree(out)
     updates = int({**LEARNING[kind], **(overrides or {})}["updates"])
     t0 = time.perf_counter()
-    with _threads():
+    with threads(THREADS):
         run(learning_config(kind, algorithm, start, train, out, overrides), ["hobson.rl.arithmetic", kind, algorithm])
         rl_s = time.perf_counter() - t0
         versions = sorted({0, updates, *range(0, updates, curve_every)})

@@ -27,8 +27,8 @@ def job_facts(job_id: str, colocated: bool) -> tuple[dict[str, dict], str | None
     """``(resources per component, log, script)`` of a running job, from ``scontrol show job -o``
     (one line per component; the colocated job's one component is split between both processes,
     as the renderer sums them)."""
+    from hobson.launch.backends.base import scrubbed_environ
     from hobson.launch.backends.slurm import _client
-    from hobson.records import scrubbed_environ
 
     out = _client(["scontrol", "show", "job", "-o", job_id], scrubbed_environ())
     comps = []

@@ -42,13 +42,10 @@ from torch import Tensor, nn
 
 from hobson.errors import ConfigError
 from hobson.models.common import (
-    DEFAULT_MAX_SHARD_BYTES,
-    DTYPE_NAMES,
     CheckpointError,
     Linear,
     SafetensorsDir,
     generator_normal_,
-    write_checkpoint,
 )
 from hobson.models.providers import Provider, _read_config_source
 
@@ -357,35 +354,9 @@ class HFCausalLMProvider(Provider):
         if out.weight is not inp.weight:
             raise CheckpointError(f"{ckpt.dir}: {b} is not tied to {a} after loading, though the config ties them")
 
-    # ---------------------------------------------------------------- export
-    def export(
-        self,
-        model: nn.Module,
-        out_dir: str | os.PathLike,
-        *,
-        dtype: torch.dtype | None = None,
-        max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-        allow_critic: bool = False,
-    ) -> list[Path]:
-        """Write ``config.json`` and the weights under the HF names; returns the files.
-
-        ``dtype``: cast floating tensors (default: keep each tensor's dtype). A critic is refused
-        unless ``allow_critic`` (a critic is never part of a policy publication).
-        """
-        if getattr(model, "critic", False) and not allow_critic:
-            raise ValueError("refusing to export a critic (value_head) as a policy; pass allow_critic=True")
-        tensors = {}
-        for name, t in self._export_tensors(model).items():
-            t = t.detach().to("cpu")
-            if dtype is not None and t.is_floating_point():
-                t = t.to(dtype)
-            tensors[name] = t.contiguous()
-        config = model.config.to_dict()
-        weight_dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
-        if len(weight_dtypes) == 1:
-            # transformers 5 reads ``dtype``; older readers (vLLM's pinned transformers) ``torch_dtype``
-            config["dtype"] = config["torch_dtype"] = DTYPE_NAMES[weight_dtypes.pop()]
-        return write_checkpoint(out_dir, tensors, config, max_shard_bytes)
+    # ---------------------------------------------------------------- export (Provider.export)
+    # transformers 5 reads ``dtype``; older readers (vLLM's pinned transformers) ``torch_dtype``
+    _dtype_keys = ("dtype", "torch_dtype")
 
     def _export_tensors(self, model: nn.Module) -> dict[str, Tensor]:
         tensors = dict(model.state_dict())

@@ -162,12 +162,14 @@ class Provider:
                 t = t.to(dtype)
             tensors[name] = t.contiguous()
         config = model.config.to_dict()
-        weight_dtypes = {t.dtype for n, t in tensors.items() if n not in self._fp32_buffers}
+        weight_dtypes = {t.dtype for n, t in tensors.items() if t.is_floating_point() and n not in self._fp32_buffers}
         if len(weight_dtypes) == 1:
-            config["torch_dtype"] = DTYPE_NAMES.get(weight_dtypes.pop(), config.get("torch_dtype"))
+            name = DTYPE_NAMES.get(weight_dtypes.pop(), config.get("torch_dtype"))
+            config.update(dict.fromkeys(self._dtype_keys, name))
         return write_checkpoint(out_dir, tensors, config, max_shard_bytes)
 
-    _fp32_buffers: frozenset[str] = frozenset()
+    _fp32_buffers: frozenset[str] = frozenset()  # kept in float32 whatever ``dtype`` (Huginn's RoPE table)
+    _dtype_keys: tuple[str, ...] = ("torch_dtype",)  # where config.json names the weights' dtype
 
     def _export_tensors(self, model: nn.Module) -> dict[str, torch.Tensor]:
         return dict(model.state_dict())

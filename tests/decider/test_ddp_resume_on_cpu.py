@@ -207,3 +207,96 @@ def test_hung_local_ranks_fail_with_their_stacks(config_factory, tmp_path):
     assert "--- rank 0 ---" in text and "--- rank 1 ---" in text and "in hold" in text, text
     ranks = [int(f.read_text()) for f in holds.glob("train-step-2.held.*")]
     assert len(ranks) == 2 and not [pid for pid in ranks if Path(f"/proc/{pid}").exists()], ranks
+
+
+# --- verified checkpoints ------------------------------------------------------------------------
+
+CHECKPOINT_FILES = ["adapter.safetensors", "head.safetensors", "trainer_state.pt", "config.json",
+                    "temperatures.json", "manifest.json"]
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _stopped_copy(runs, tmp_path: Path, world: int) -> Path:
+    """A copy of a run stopped after step 3 that checkpointed every step (steps 1, 2, 3)."""
+    import shutil
+
+    stopped = runs(f"w{world}_stop_every", world, stop_after_steps=3, checkpoint_every=1)
+    shutil.copytree(stopped / "out", tmp_path / "case" / "out")
+    return tmp_path / "case"
+
+
+@pytest.mark.parametrize("name", CHECKPOINT_FILES)
+def test_a_corrupt_newest_checkpoint_is_set_aside_and_the_resume_ends_bit_identical(runs, config_factory, tmp_path,
+                                                                                      capsys, name):
+    """One flipped byte in any file of the newest checkpoint: the resume names the file, keeps the
+    checkpoint as step_00000003.corrupt, resumes from step 2, and ends with the uninterrupted bits."""
+    full = runs("w1", 1)
+    case = _stopped_copy(runs, tmp_path, 1)
+    newest = case / "out" / "checkpoints" / "step_00000003"
+    _flip_a_byte(newest / name)
+    cfg = config_factory(case / "resume.yaml", case / "out", trace_dir=str(case / "trace"))
+    capsys.readouterr()
+    assert recipe_main(load_train_config(cfg)) == 0
+    records = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    (event,) = [r for r in records if "corrupt_checkpoint" in r]
+    # a flipped byte in the manifest shows as the file whose recorded digest it changed
+    assert event["corrupt_checkpoint"] == str(newest) and (name in event["reason"] or "manifest" in event["reason"])
+    assert (newest.parent / "step_00000003.corrupt").is_dir()
+    assert next(r for r in records if "resumed_from" in r)["resumed_from"].endswith("step_00000002")
+    _assert_resumed_after(case, 2, full)
+    _assert_bit_identical(full, case)
+
+
+def test_two_ranks_resume_from_the_checkpoint_rank_0_chose(runs, tmp_path, config_factory):
+    full = runs("w2", 2)
+    case = _stopped_copy(runs, tmp_path, 2)
+    _flip_a_byte(case / "out" / "checkpoints" / "step_00000003" / "trainer_state.pt")
+    cfg = config_factory(case / "resume.yaml", case / "out", trace_dir=str(case / "trace"))
+    run_local_ranks(str(cfg), [], 2, timeout_s=RANKS_TIMEOUT_S)
+    _assert_resumed_after(case, 2, full)
+    _assert_bit_identical(full, case)
+
+
+def test_no_intact_checkpoint_left_is_one_clear_error(runs, config_factory, tmp_path, subprocess_env):
+    case = _stopped_copy(runs, tmp_path, 1)
+    ckpts = case / "out" / "checkpoints"
+    for step in (1, 2, 3):
+        _flip_a_byte(ckpts / f"step_{step:08d}" / "head.safetensors")
+    cfg = config_factory(case / "resume.yaml", case / "out")
+    p = subprocess.run([sys.executable, "-m", "jobs.train", "--config", str(cfg)], cwd=REPO, env=subprocess_env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
+    (line,) = [x for x in p.stderr.splitlines() if x.startswith("train: error:")]
+    assert f"no intact checkpoint left in {ckpts}" in line and "keep_checkpoints" in line, p.stderr
+    assert sorted(x.name for x in ckpts.iterdir()) == [f"step_{s:08d}.corrupt" for s in (1, 2, 3)]
+
+
+def test_a_checkpoint_from_before_manifests_loads_with_a_warning(runs, config_factory, tmp_path, capsys):
+    """No manifest and no format mark in trainer_state.pt: written before manifests; the resume
+    uses it (and says so). A current checkpoint that lost its manifest is incomplete instead."""
+    full = runs("w1", 1)
+    case = _stopped_copy(runs, tmp_path, 1)
+    newest = case / "out" / "checkpoints" / "step_00000003"
+    (newest / "manifest.json").unlink()
+    state = torch.load(newest / "trainer_state.pt", weights_only=False)
+    del state["format"]
+    torch.save(state, newest / "trainer_state.pt")
+    cfg = config_factory(case / "resume.yaml", case / "out", trace_dir=str(case / "trace"))
+    capsys.readouterr()
+    assert recipe_main(load_train_config(cfg)) == 0
+    out = capsys.readouterr()
+    assert "written before checkpoints had manifests" in out.err
+    _assert_resumed_after(case, 3, full)
+    _assert_bit_identical(full, case)
+    older = case / "out" / "checkpoints" / "step_00000002"
+    (older / "manifest.json").unlink()
+    from hobson.decider.checkpoint import verify_checkpoint
+    from hobson.manifest import ManifestMismatch
+
+    with pytest.raises(ManifestMismatch, match="incomplete, no manifest.json"):
+        verify_checkpoint(older)

@@ -20,8 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hobson.decider.checkpoint import TEMPERATURES, load_checkpoint, save_checkpoint
-from hobson.io import write_json_atomic
+from hobson.decider.checkpoint import load_checkpoint, save_checkpoint
 
 T_MIN, T_MAX = 0.05, 20.0
 DEFAULT_MIN_KIND_ROWS = 100
@@ -107,9 +106,11 @@ def write_temperatures(checkpoint: str | os.PathLike, temperatures: Mapping[str,
     temperatures), so a later stage can depend on it without the training stage's output changing.
     """
     if out is None:
+        # the whole directory again (atomically), so its manifest covers the new temperatures
         path = Path(checkpoint)
-        load_checkpoint(path, trainer_state=False)  # refuse a directory that is not a checkpoint
-        write_json_atomic(path / TEMPERATURES, dict(temperatures))
+        ckpt = load_checkpoint(path)
+        save_checkpoint(path, config=ckpt.config, adapter=ckpt.adapter, head=ckpt.head,
+                        temperatures=dict(temperatures), trainer_state=ckpt.trainer_state)
         return path
     ckpt = load_checkpoint(checkpoint, trainer_state=False)
     save_checkpoint(out, config=ckpt.config, adapter=ckpt.adapter, head=ckpt.head,

@@ -38,8 +38,8 @@ import torch.distributed as dist
 from hobson import faults, rng
 from hobson.attention import varying_shape_sdpa
 from hobson.decider.checkpoint import (
-    latest_checkpoint,
     load_checkpoint,
+    newest_intact_checkpoint,
     prune_checkpoints,
     save_checkpoint,
     step_dir,
@@ -141,6 +141,7 @@ class DeciderTrainRecipe:
     # --- setup -------------------------------------------------------------------------------
     def setup(self) -> None:
         self._setup_distributed()
+        self.resume_from = self._choose_resume()
         self._setup_data()
         self._setup_model()
         self._setup_optimizer()
@@ -153,6 +154,24 @@ class DeciderTrainRecipe:
                 torch.cuda.set_device(self.device)
             dist.init_process_group(backend="nccl" if self.device.type == "cuda" else "gloo")
             self._own_process_group = True
+
+    def _choose_resume(self) -> Path | None:
+        """The newest checkpoint whose bytes verify (corrupt ones set aside); rank 0 decides and
+        every rank loads the same one."""
+        if not self.cfg.resume:
+            return None
+        choice: list[str | None] = [None]
+        if self.is_main:
+            try:
+                path, _ = newest_intact_checkpoint(self.checkpoint_root, log=self._log)
+                choice = [str(path) if path else None]
+            except DataError as e:
+                choice = [f"!{e}"]
+        if self.world_size > 1:
+            dist.broadcast_object_list(choice, src=0)
+        if choice[0] and choice[0].startswith("!"):
+            raise DataError(choice[0][1:])
+        return Path(choice[0]) if choice[0] else None
 
     def _setup_data(self) -> None:
         from transformers import AutoTokenizer
@@ -175,8 +194,7 @@ class DeciderTrainRecipe:
 
     def _setup_model(self) -> None:
         self.model: Decider = build_decider(self.cfg, self.tokenizer, self.device)
-        resuming = self.cfg.resume and latest_checkpoint(self.checkpoint_root) is not None
-        if self.cfg.init_from and not resuming:  # a resumed run loads its own newer weights instead
+        if self.cfg.init_from and self.resume_from is None:  # a resumed run loads its own newer weights instead
             init = load_checkpoint(self.cfg.init_from, trainer_state=False)
             self.model.load_adapter_state(init.adapter)
             self.model.head.load_state_dict(init.head)
@@ -247,7 +265,7 @@ class DeciderTrainRecipe:
             self.optimizer, lr_lambda(self.total_steps, cfg.warmup_steps, cfg.min_lr_ratio))
 
     def _resume(self) -> None:
-        latest = latest_checkpoint(self.checkpoint_root) if self.cfg.resume else None
+        latest = self.resume_from
         if latest is None:
             return
         ckpt = load_checkpoint(latest)
@@ -270,7 +288,7 @@ class DeciderTrainRecipe:
     # --- training ------------------------------------------------------------------------------
     def train(self) -> int:
         cfg = self.cfg
-        saved_at = self.sampler.global_step() if latest_checkpoint(self.checkpoint_root) else -1
+        saved_at = self.sampler.global_step() if self.resume_from is not None else -1
         bar = Progress(self.total_steps, "train steps") if self.is_main else None
         if bar is not None:
             bar.set(self.sampler.global_step())

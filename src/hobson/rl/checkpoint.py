@@ -40,33 +40,20 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from hobson import rng
+from hobson import manifest, rng
 from hobson.errors import StageError
-from hobson.io import atomic_dir, sha256_file
+from hobson.io import atomic_dir
 
 _NAME = re.compile(r"^update-(\d{6})$")
-MANIFEST = "manifest.json"
 # state.pt's "format": 2 since checkpoints carry a manifest; none: written before (loaded with a warning)
 FORMAT = 2
-
-
-class CheckpointCorrupt(StageError):
-    """A checkpoint's bytes differ from its manifest, or a part of it is missing or unreadable."""
+MANIFEST = manifest.MANIFEST
+CheckpointCorrupt = manifest.ManifestMismatch  # the RL loop's name for it
+set_aside = manifest.set_aside
 
 
 def checkpoint_dir(output: str | os.PathLike, update: int) -> Path:
     return Path(output) / "checkpoints" / f"update-{update:06d}"
-
-
-def set_aside(path: Path) -> Path:
-    """Rename a corrupt checkpoint to ``<name>.corrupt`` (kept for inspection; never listed again)."""
-    target = path.with_name(path.name + ".corrupt")
-    n = 1
-    while target.exists():
-        n += 1
-        target = path.with_name(f"{path.name}.corrupt{n}")
-    os.replace(path, target)
-    return target
 
 
 def list_checkpoints(output: str | os.PathLike) -> list[int]:
@@ -186,54 +173,26 @@ def write(output: str | os.PathLike, update: int, snap: Snapshot) -> Path:
             save_file(host(snap.critic), str(tmp / "critic.safetensors"))
         with _without_crc32():
             torch.save({**snap.state, "format": FORMAT}, tmp / "state.pt")
-        # hashed right after writing, from the page cache: what a resume verifies
-        files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(tmp.iterdir())}
-        _write_manifest(tmp / MANIFEST, {"format": FORMAT, "update": update, "files": files})
+        manifest.write(tmp, format=FORMAT, update=update)  # hashed from the page cache; what a resume verifies
     return final
-
-
-def _write_manifest(path: Path, manifest: dict[str, Any]) -> None:
-    import json
-
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def verify_checkpoint(path: str | os.PathLike) -> list[str]:
     """Check every file of checkpoint ``path`` against its manifest; returns warnings (a checkpoint
     from before manifests); raises :class:`CheckpointCorrupt` naming the file and why."""
-    import json
-
     path = Path(path)
-    man_path = path / MANIFEST
     if not (path / "state.pt").is_file():
         raise CheckpointCorrupt(f"{path}: incomplete, no state.pt")
-    if not man_path.is_file():
+    found = manifest.read(path)
+    if found is None:
         try:
             fmt = torch.load(path / "state.pt", weights_only=False, map_location="cpu").get("format")
         except Exception as e:  # noqa: BLE001 (any unreadable pickle is a corrupt file)
             raise CheckpointCorrupt(f"{path / 'state.pt'}: unreadable ({type(e).__name__}: {e})") from None
         if fmt is not None:
-            raise CheckpointCorrupt(f"{path}: incomplete, no {MANIFEST} (it is written last)")
+            raise CheckpointCorrupt(f"{path}: incomplete, no {manifest.MANIFEST} (it is written last)")
         return [f"{path}: written before checkpoints had manifests; loaded without verifying its bytes"]
-    try:
-        manifest = json.loads(man_path.read_text(encoding="utf-8"))
-        files = manifest["files"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointCorrupt(f"{man_path}: unreadable manifest ({e})") from None
-    for name, want in sorted(files.items()):
-        f = path / name
-        if not f.is_file():
-            raise CheckpointCorrupt(f"{f}: missing (the manifest lists it)")
-        size = f.stat().st_size
-        if size != want["bytes"]:
-            raise CheckpointCorrupt(f"{f}: {size} bytes, the manifest says {want['bytes']} (truncated or extended)")
-        digest = sha256_file(f)
-        if digest != want["sha256"]:
-            raise CheckpointCorrupt(f"{f}: sha256 {digest[:16]}..., the manifest says {want['sha256'][:16]}... "
-                                    "(the bytes changed after it was written)")
+    manifest.verify(path, found)
     return []
 
 

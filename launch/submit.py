@@ -283,38 +283,56 @@ def cmd_verify(args: argparse.Namespace) -> int:
             print(f"ok       {rel}")
     print(f"verify {paths.run_dir.name}: {len(expected) - bad}/{len(expected)} outputs match their record"
           + ("" if not bad else f"; {bad} differ"))
-    n, corrupt = _verify_rl_dirs(paths, args.verbose)
-    if n:
-        print(f"verify {paths.run_dir.name}: {n - corrupt}/{n} RL checkpoints and publications match their manifests"
-              + ("" if not corrupt else f"; {corrupt} corrupt"))
+    corrupt = 0
+    for what, (n, c) in _verify_manifests(paths, args.verbose).items():
+        if n:
+            print(f"verify {paths.run_dir.name}: {n - c}/{n} {what} match their manifests"
+                  + (f"; {c} corrupt" if c else ""))
+        corrupt += c
     return 1 if bad or corrupt else 0
 
 
-def _verify_rl_dirs(paths: RunPaths, verbose: bool) -> tuple[int, int]:
-    """Re-hash every RL checkpoint (per-file SHA-256 of its manifest) and every publication that
-    still holds its weights (the digest of its tensors) under the run directory."""
-    ckpts = sorted(d for d in paths.run_dir.rglob("update-*") if d.is_dir() and d.parent.name == "checkpoints"
-                   and not d.name.endswith(".corrupt"))
-    pubs = sorted(d for d in paths.run_dir.rglob("v*") if d.is_dir() and d.parent.name == "publications"
-                  and (d / "config.json").is_file())
-    if not ckpts and not pubs:
-        return 0, 0
+def _verify_manifests(paths: RunPaths, verbose: bool) -> dict[str, tuple[int, int]]:
+    """Re-hash every checkpoint under the run directory against its manifest (RL checkpoints, and
+    decider checkpoints: trained, souped, calibrated) and every publication that still holds its
+    weights (the digest of its tensors)."""
+    import json
+
+    from hobson import manifest
+    from hobson.decider.checkpoint import verify_checkpoint as verify_decider
     from hobson.errors import DigestMismatch
-    from hobson.rl.checkpoint import CheckpointCorrupt, verify_checkpoint
+    from hobson.rl.checkpoint import verify_checkpoint as verify_rl
     from hobson.rollout import publication
 
-    corrupt = 0
-    for d, check in [(d, verify_checkpoint) for d in ckpts] + [(d, publication.verify) for d in pubs]:
-        rel = d.relative_to(paths.run_dir)
+    def kind(d: Path) -> str | None:
         try:
-            check(d)
-        except (CheckpointCorrupt, DigestMismatch, publication.PublicationError) as e:
-            print(f"CORRUPT  {rel}: {e}")
-            corrupt += 1
-            continue
-        if verbose:
-            print(f"ok       {rel}")
-    return len(ckpts) + len(pubs), corrupt
+            return json.loads((d / manifest.MANIFEST).read_text()).get("kind")
+        except (OSError, ValueError, AttributeError):
+            return "unreadable"
+
+    rl = sorted(d for d in paths.run_dir.rglob("update-*") if d.is_dir() and d.parent.name == "checkpoints"
+                and not d.name.endswith(".corrupt"))
+    decider = sorted(m.parent for m in paths.run_dir.rglob(manifest.MANIFEST)
+                     if ".corrupt" not in m.parent.name and kind(m.parent) == "decider-checkpoint")
+    pubs = sorted(d for d in paths.run_dir.rglob("v*") if d.is_dir() and d.parent.name == "publications"
+                  and (d / "config.json").is_file())
+    groups = {"RL checkpoints and publications": [(d, verify_rl) for d in rl] + [(d, publication.verify) for d in pubs],
+              "decider checkpoints": [(d, verify_decider) for d in decider]}
+    counts = {}
+    for what, checks in groups.items():
+        corrupt = 0
+        for d, check in checks:
+            rel = d.relative_to(paths.run_dir)
+            try:
+                check(d)
+            except (manifest.ManifestMismatch, DigestMismatch, publication.PublicationError) as e:
+                print(f"CORRUPT  {rel}: {e}")
+                corrupt += 1
+                continue
+            if verbose:
+                print(f"ok       {rel}")
+        counts[what] = (len(checks), corrupt)
+    return counts
 
 
 # ---------------------------------------------------------------------------------------------

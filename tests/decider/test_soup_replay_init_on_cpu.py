@@ -7,7 +7,6 @@ optimizer steps each) are trained once per module and shared by the tests.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -98,11 +97,14 @@ def test_soup_is_the_mean_lora_update_and_the_mean_head(finetunes, tmp_path):
 
 
 def test_soup_of_differing_configs_names_the_keys(finetunes, tmp_path):
+    from hobson.decider.checkpoint import load_checkpoint, save_checkpoint
+
+    # another training's checkpoint, written as hobson writes one (a hand-edited file would fail
+    # its manifest instead)
     other = tmp_path / "other"
-    shutil.copytree(finetunes[1], other)
-    cfg = json.loads((other / "config.json").read_text())
-    cfg.update(lr=0.5, pointer_dim=8, seed=7, output_dir="elsewhere")  # seed/output_dir may differ
-    (other / "config.json").write_text(json.dumps(cfg))
+    ck = load_checkpoint(finetunes[1], trainer_state=False)
+    cfg = {**ck.config, "lr": 0.5, "pointer_dim": 8, "seed": 7, "output_dir": "elsewhere"}  # seed/output_dir may differ
+    save_checkpoint(other, config=cfg, adapter=ck.adapter, head=ck.head)
     with pytest.raises(ConfigError) as e:
         soup_checkpoints([str(finetunes[0]), str(other)], tmp_path / "soup")
     msg = str(e.value)

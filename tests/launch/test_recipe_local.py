@@ -77,6 +77,27 @@ def test_verify_passes_then_names_a_changed_file(cli, recipe_all_local):
         target.write_bytes(original)
 
 
+def test_verify_rehashes_the_decider_checkpoints(cli, recipe_all_local):
+    """Trained, souped and calibrated checkpoints carry manifests; verify re-hashes each one."""
+    run_dir, _, _ = recipe_all_local
+    out = cli("verify", str(run_dir), "--verbose").stdout
+    ok = [line for line in out.splitlines() if line.startswith("ok ") and "manifest" not in line]
+    assert "decider checkpoints match their manifests" in out, out
+    heads = sorted(run_dir.rglob("head.safetensors"))
+    assert heads and all(f"ok       {h.parent.relative_to(run_dir)}" in ok for h in heads), out
+    target = heads[-1]
+    original = target.read_bytes()
+    data = bytearray(original)
+    data[len(data) // 2] ^= 1
+    target.write_bytes(bytes(data))
+    try:
+        proc = cli("verify", str(run_dir), check=False)
+        assert proc.returncode == 1
+        assert f"CORRUPT  {target.parent.relative_to(run_dir)}: {target}: sha256" in proc.stdout, proc.stdout
+    finally:
+        target.write_bytes(original)
+
+
 def test_stage_whose_input_changed_is_refused_naming_it(cli, recipe_all_local):
     run_dir, _, _ = recipe_all_local
     corpus = run_dir / "data/multistep/train.jsonl"

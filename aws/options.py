@@ -6,6 +6,7 @@ Unknown keys are errors naming ``file:line``; combinations are checked in ``__po
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from hobson.config import config_from_dict
 from hobson.errors import ConfigError
@@ -19,6 +20,10 @@ DLAMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-g
 
 @dataclass
 class InstanceChoice:
+    RANGES: ClassVar[dict[str, str]] = {
+        "gpus": ">= 0",
+    }
+
     type: str
     gpus: int  # GPUs the type has; a type with fewer than --ngpu is never tried
 
@@ -39,6 +44,10 @@ class AmiOptions:
 
 @dataclass
 class PollOptions:
+    RANGES: ClassVar[dict[str, str]] = {
+        "initial_s": "> 0", "max_s": "> 0", "factor": ">= 1", "not_found_s": ">= 0",
+    }
+
     initial_s: float = 1.0  # first wait between get_command_invocation calls
     max_s: float = 30.0  # the backoff doubles up to this
     factor: float = 2.0
@@ -51,6 +60,10 @@ class PollOptions:
 
 @dataclass
 class HostOptions:
+    RANGES: ClassVar[dict[str, str]] = {
+        "root_volume_gb": ">= 8",
+    }
+
     home: str = "/opt/dlami/nvme/hobson"  # the project's home on the host: code/, runs/, logs/, venv/
     python: str = "python3"  # interpreter that builds the venv (or runs everything when venv is false)
     venv: bool = True  # a venv at <home>/venv with the project's pinned dependencies
@@ -62,6 +75,14 @@ class HostOptions:
 
 @dataclass
 class AwsConfig:
+    RANGES: ClassVar[dict[str, str]] = {
+        "safety_shutdown_minutes": ">= 10",  # the host needs time to start
+        "execution_timeout_s": "[1, 172800]",  # AWS-RunShellScript's range
+        "delivery_timeout_s": "[30, 2592000]",  # send_command's range
+        "online_timeout_s": ">= 1", "mirror_interval_s": ">= 1", "follow_interval_s": "> 0",
+        "min_remaining_minutes": ">= 0",
+    }
+
     regions: list[str] = field(default_factory=lambda: ["us-east-1", "us-west-2"])
     # Tried in this order (each type in every region before the next type) until one launches.
     instance_types: list[InstanceChoice] = field(default_factory=lambda: [InstanceChoice("p5.48xlarge", 8)])
@@ -93,9 +114,3 @@ class AwsConfig:
             raise ConfigError("regions: list at least one region")
         if not self.instance_types:
             raise ConfigError("instance_types: list at least one {type, gpus}")
-        if self.safety_shutdown_minutes < 10:
-            raise ConfigError("safety_shutdown_minutes must be >= 10 (the host needs time to start)")
-        if not 1 <= self.execution_timeout_s <= 172800:
-            raise ConfigError("execution_timeout_s must be within 1..172800 (AWS-RunShellScript's range)")
-        if not 30 <= self.delivery_timeout_s <= 2592000:
-            raise ConfigError("delivery_timeout_s must be within 30..2592000 (send_command's range)")

@@ -7,6 +7,7 @@ are errors naming ``file:line``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from hobson.errors import ConfigError
 from hobson.records import REPO_ROOT
@@ -18,17 +19,21 @@ DEFAULT_CLUSTER = REPO / "configs" / "cluster" / "default.yaml"
 
 @dataclass
 class CorpusOptions:
+    RANGES: ClassVar[dict[str, str]] = {
+        "scale": "> 0", "seed": ">= 0",
+    }
+
     scale: float = 1.0  # multiplies every family's row count; 1.0 is the pinned embedded default
     seed: int = 0
     fetch_config: str = "configs/fetch.yaml"
 
-    def __post_init__(self) -> None:
-        if self.scale <= 0:
-            raise ConfigError(f"corpus.scale must be > 0, got {self.scale}")
-
 
 @dataclass
 class TeacherOptions:
+    RANGES: ClassVar[dict[str, str]] = {
+        "max_batch_tokens": ">= 1", "max_batch_rows": ">= 1", "shards": ">= 1",
+    }
+
     model: str | None = None  # a local HF causal-LM directory; None builds the embedded tiny teacher
     max_batch_tokens: int = 4096
     max_batch_rows: int = 64
@@ -37,6 +42,11 @@ class TeacherOptions:
 
 @dataclass
 class DeciderOptions:
+    RANGES: ClassVar[dict[str, str]] = {
+        "replay_shards": ">= 1", "replay_max_batch_tokens": ">= 1", "replay_max_batch_rows": ">= 1",
+        "min_kind_rows": ">= 1", "seeds": ">= 0",
+    }
+
     parent_config: str = "configs/train-parent.yaml"
     train_config: str = "configs/train.yaml"
     torso: str | None = None  # base causal LM for parent and final model; None: the embedded tiny model
@@ -57,6 +67,10 @@ class RecipeConfig:
 
 @dataclass
 class StageOverride:
+    RANGES: ClassVar[dict[str, str]] = {
+        "cpus": ">= 1", "mem_gb": ">= 1",
+    }
+
     time: str | None = None  # Slurm time limit, e.g. "02:00:00"
     cpus: int | None = None
     mem_gb: int | None = None
@@ -64,6 +78,10 @@ class StageOverride:
 
 @dataclass
 class ClusterProfile:
+    RANGES: ClassVar[dict[str, str]] = {
+        "signal_seconds": ">= 1", "max_restarts": ">= 0",
+    }
+
     partition: str | None = None
     account: str | None = None
     qos: str | None = None

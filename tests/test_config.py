@@ -28,7 +28,7 @@ def test_wrong_type_and_invalid_value(tmp_path):
     with pytest.raises(ConfigError, match=r":2: 'corpus.seed' must be int, got 'many'"):
         load_config(p, RecipeConfig)
     p.write_text("corpus:\n  scale: -1\n")
-    with pytest.raises(ConfigError, match="corpus.scale must be > 0"):
+    with pytest.raises(ConfigError, match=r":2: 'corpus.scale' must be > 0, got -1"):
         load_config(p, RecipeConfig)
 
 

@@ -1,7 +1,10 @@
 """Plain YAML parsed into dataclasses, validated on load.
 
-Unknown keys and wrongly typed values are errors that name ``file:line`` and the key, and list
-the allowed keys with their defaults; every problem in a file is reported at once.
+Unknown keys, wrongly typed values and numbers out of their declared range are errors that name
+``file:line`` and the key (unknown keys also list the allowed ones with their defaults); every
+problem in a file is reported at once. Each config class declares the range of every numeric
+setting in ``RANGES`` (key -> ``">= 1"``, ``"> 0"``, ``"[0, 1)"``, ...; a list setting's range
+holds for each element); ``tests/test_config_ranges.py`` fails for a numeric key without one.
 """
 
 from __future__ import annotations
@@ -54,10 +57,59 @@ def _type_ok(value: Any, tp: Any) -> bool:
     return isinstance(value, tp)
 
 
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """A closed, open or half-open interval; either end may be missing (``">= 1"``, ``"> 0"``)."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    @classmethod
+    def parse(cls, spec: str) -> Range:
+        spec = spec.strip()
+        for op, kw in ((">=", {}), (">", {"lo_open": True}), ("<=", {}), ("<", {"hi_open": True})):
+            if spec.startswith(op):
+                bound = float(spec[len(op):])
+                return cls(lo=bound, **kw) if op[0] == ">" else cls(hi=bound, **kw)
+        if spec[:1] in "[(" and spec[-1:] in "])" and "," in spec:
+            lo, hi = (float(x) for x in spec[1:-1].split(","))
+            return cls(lo, hi, spec[0] == "(", spec[-1] == ")")
+        raise ValueError(f"not a range: {spec!r} (use '>= a', '> a', '<= b', '< b' or '[a, b)' and the like)")
+
+    def __contains__(self, v: float) -> bool:
+        if self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo):
+            return False
+        return not (self.hi is not None and (v >= self.hi if self.hi_open else v > self.hi))
+
+    def __str__(self) -> str:
+        if self.lo is not None and self.hi is not None:
+            return f"{'(' if self.lo_open else '['}{_num(self.lo)}, {_num(self.hi)}{')' if self.hi_open else ']'}"
+        if self.lo is not None:
+            return f"{'>' if self.lo_open else '>='} {_num(self.lo)}"
+        return f"{'<' if self.hi_open else '<='} {_num(self.hi)}"
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(x)
+
+
+def ranges(cls: type) -> dict[str, Range]:
+    """The declared ranges of ``cls``'s numeric settings."""
+    return {k: Range.parse(v) for k, v in getattr(cls, "RANGES", {}).items()}
+
+
+def _out_of_range(value: Any, rng: Range) -> bool:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return any(isinstance(v, (int, float)) and not isinstance(v, bool) and v not in rng for v in items)
+
+
 def _build(cls: type[T], data: dict, path: str, lines: dict[tuple, int], prefix: tuple,
            errors: list[str]) -> T | None:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    declared = ranges(cls)
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         where = f"{path}:{lines.get(prefix + (key,), '?')}"
@@ -74,6 +126,9 @@ def _build(cls: type[T], data: dict, path: str, lines: dict[tuple, int], prefix:
             kwargs[key] = _build(tp, value, path, lines, prefix + (key,), errors)
         elif not _type_ok(value, tp):
             errors.append(f"{where}: '{dotted}' must be {_type_name(tp)}, got {value!r}")
+        elif key in declared and _out_of_range(value, declared[key]):
+            errors.append(f"{where}: '{dotted}' must be {declared[key]}"
+                          + (" (each element)" if isinstance(value, (list, tuple)) else "") + f", got {value!r}")
         else:
             kwargs[key] = float(value) if tp is float else value
     try:

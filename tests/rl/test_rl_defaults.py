@@ -87,3 +87,27 @@ def test_missing_data_and_bad_eval_paths_are_one_clear_error(tmp_path: Path, cap
     assert not (tmp_path / "run").exists()
     assert rl_eval([str(tmp_path / "nothing"), "--data", str(missing)]) == 1
     assert "neither a publication (no manifest.json) nor an RL run" in capsys.readouterr().err
+
+
+def _unusable_cuda() -> str:
+    """A CUDA device this machine cannot give: any on a CPU torch (CI), one past the last on a GPU host."""
+    import torch
+
+    return f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+
+
+def test_a_cuda_device_this_torch_cannot_give_is_one_clear_error(tmp_path: Path) -> None:
+    """`sbatch sbatch/grpo.sh` defaults to DEVICE=cuda: on a CPU-only torch (or past the last GPU)
+    the trainer and the rollout server each print one line naming the setting and the fix."""
+    import subprocess
+    import sys
+
+    device = _unusable_cuda()
+    for argv in (["-m", "jobs.rl", "--output", str(tmp_path / "run"), *FAST, "--device", device],
+                 ["-m", "jobs.rollout_server", "--address-file", str(tmp_path / "a.json"), "--device", device]):
+        p = subprocess.run([sys.executable, *argv], cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                           text=True, timeout=300)
+        assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
+        (line,) = [x for x in p.stderr.splitlines() if "error:" in x]
+        assert "--device (" in line and device in line and ("set --device" in line or "cpu" in line), line
+    assert not (tmp_path / "run").exists() and not (tmp_path / "a.json").exists()

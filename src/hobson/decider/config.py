@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import yaml
 
@@ -34,6 +35,17 @@ RUN_CONTROL_KEYS = frozenset({
 @dataclass
 class TrainConfig:
     """Every knob of the decider training recipe. Paths are relative to the working directory."""
+    RANGES: ClassVar[dict[str, str]] = {
+        "pointer_dim": ">= 1", "head_hidden": ">= 0", "num_slots": ">= 1", "head_ensemble": ">= 1", "lora_r": ">= 1",
+        "lora_alpha": "> 0", "lora_dropout": "[0, 1)", "max_length": ">= 1", "score_smoothing": "[0, 1)",
+        "kl_teacher_weight": ">= 0", "kl_frozen_weight": ">= 0", "seed": ">= 0", "epochs": ">= 1",
+        "micro_batch_size": ">= 1", "grad_accum": ">= 1", "lr": "> 0", "weight_decay": ">= 0",
+        "adam_betas": "[0, 1)",
+        "adam_eps": "> 0", "warmup_steps": ">= 0", "min_lr_ratio": "[0, 1]", "grad_clip": ">= 0",
+        "length_group_chunk": ">= 1", "checkpoint_every": ">= 0", "keep_checkpoints": ">= 0",
+        "stop_after_steps": ">= 1",
+        "eval_every": ">= 0", "val_batch_size": ">= 1", "log_every": ">= 1", "num_threads": ">= 0",
+    }
 
     # --- data -----------------------------------------------------------------------------
     base_model: str  # a local HF causal-LM directory (the torso); its LM head is dropped

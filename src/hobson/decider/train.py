@@ -49,6 +49,7 @@ from hobson.decider.config import TrainConfig, config_to_dict, resume_conflicts
 from hobson.decider.loss import decider_loss, masked_log_softmax
 from hobson.decider.model import Decider, build_decider
 from hobson.decider.sampler import LengthGroupedSampler, assign_micro_batches, row_length
+from hobson.devices import check_device
 from hobson.errors import ConfigError, DataError
 from hobson.io import atomic_write, iter_jsonl, write_json_atomic
 from hobson.progress import Progress
@@ -112,8 +113,8 @@ class DeciderTrainRecipe:
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.is_main = self.rank == 0
         use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-        if cfg.device == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("device: cuda but no CUDA device is visible; set device: auto or cpu")
+        if cfg.device == "cuda":
+            check_device("cuda", "device:")
         self.device = torch.device(f"cuda:{self.local_rank}" if use_cuda else "cpu")
         if cfg.bf16 and self.device.type == "cpu":
             raise ConfigError("bf16 is for GPUs; set bf16: false for a CPU run (CPU trains in fp32)")

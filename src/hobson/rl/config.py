@@ -12,7 +12,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from hobson.errors import ConfigError
 from hobson.rl.objectives import AGGREGATIONS, GAE_MASKED
@@ -33,6 +33,16 @@ CONVENTIONS_VERSION = 2
 
 @dataclass
 class RLConfig:
+    RANGES: ClassVar[dict[str, str]] = {
+        "updates": ">= 1", "stop_after": ">= 1", "seed": ">= 0", "prompts_per_update": ">= 1",
+        "completions_per_prompt": ">= 1", "max_prompt_tokens": ">= 1", "max_new_tokens": ">= 1",
+        "temperature": "> 0",
+        "lr": "> 0", "critic_lr": "> 0", "clip_eps": "> 0", "value_clip": "> 0", "gamma": "[0, 1]", "lam": "[0, 1]",
+        "kl_budget": "> 0", "grad_clip": ">= 0", "backprop_steps": ">= 1", "loss_scale": "> 0",
+        "engine_timeout": "> 0", "publish_timeout": "> 0", "engine_ready_timeout": "> 0", "keep_checkpoints": ">= 0",
+        "keep_publications": ">= 0",
+    }
+
     algorithm: str = "grpo"
     # model directory (config.json + safetensors), or "tiny:huginn_raven" / "tiny:nanbeige"
     # for an embedded random model; None means tiny:huginn_raven

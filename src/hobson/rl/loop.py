@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from hobson import faults, rng
+from hobson.devices import check_device
 from hobson.errors import ConfigError, DigestMismatch, StageError
 from hobson.io import atomic_write, dumps_row, read_jsonl, write_json_atomic
 from hobson.models import get_provider, tiny_config
@@ -464,6 +465,10 @@ class RLRecipe:
 
     def __init__(self, cfg: RLConfig, argv: list[str]) -> None:
         self.argv = argv
+        # first: a device this torch or node cannot give is one message, not a traceback mid-setup
+        check_device(cfg.device, "--device (DEVICE in the sbatch scripts)")
+        if cfg.engine_address_file is None and cfg.engine_device:  # a remote server checks its own
+            check_device(cfg.engine_device, "--engine-device (ENGINE_DEVICE in the sbatch scripts)")
         self.cfg = resolve_defaults(cfg)  # VIME's defaults for this algorithm, model and device, recorded
         self.out = Path(self.cfg.output)
         self.secs: dict[str, float] = {}

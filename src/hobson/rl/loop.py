@@ -534,8 +534,11 @@ class RLRecipe:
                               + "\n  ".join(changed))
         # no checkpoint yet (stopped during update 1): start over in the same directory
         self.start, self.resume_state, self.set_aside = _newest_intact_checkpoint(out, ckpt.list_checkpoints(out))
-        if self.start >= cfg.updates:
+        finished = any(sess.get("finished_utc") and not sess.get("stopped_after") for sess in meta.get("sessions", []))
+        if self.start >= cfg.updates and finished:
             raise StageError(f"--resume: the run already finished all {cfg.updates} updates")
+        # all updates checkpointed but stopped before its final record (a signal after the last
+        # update): the resume runs no update and writes the record and plots
         return meta
 
     def _record_setup_events(self, dropped: list[Any]) -> None:
@@ -615,11 +618,16 @@ class RLRecipe:
                 _reset_peaks()
                 ro = self.rollout(update)
                 self.score(ro)
+                faults.hold(f"train-{update}")  # (fault tests: a signal between the phases of an update)
                 batch, stats = self.train(update, ro)
                 self.write_rollouts(update, ro, batch)
+                faults.hold(f"publish-{update}")
                 man = self.publish_update(update)
+                faults.hold(f"checkpoint-{update}")
                 background = self.checkpoint(update, man)
+                faults.hold(f"log-{update}")  # a background checkpoint may still be being written here
                 self.log(update, ro, stats, background)
+            faults.hold("finish")
             self.finish()
         except BaseException:
             # a failed or terminated run still finishes the checkpoint in flight (a whole checkpoint is

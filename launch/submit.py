@@ -22,6 +22,7 @@ from hobson.errors import HobsonError, internal_error
 from hobson.io import sha256_file
 from hobson.launch import backends, dag, status
 from hobson.launch.backends.base import Backend, BackendOptions, Launch, job_progress, recorded_absence
+from hobson.launch.lock import launcher_lock, refuse_if_jobs_active
 from hobson.launch.options import DEFAULT_CLUSTER, DEFAULT_RECIPE, ClusterProfile, RecipeConfig
 from hobson.records import (
     REPO_ROOT,
@@ -127,6 +128,19 @@ def _launch_recipe(args: argparse.Namespace, backend: Backend, retry: bool = Fal
         print(f"# dry run: {len(jobs)} jobs, nothing submitted", file=sys.stderr)
         return 0
 
+    with launcher_lock(paths, "retry" if retry else "launch"):
+        return _record_and_launch_recipe(args, backend, retry, paths, launch, jobs, prof, cfg, digests)
+
+
+def _refuse_active(paths: RunPaths, backend: Backend, what: str) -> None:
+    if paths.run_json.exists():
+        refuse_if_jobs_active(paths, backend.poll(read_run_json(paths)).states, what)
+
+
+def _record_and_launch_recipe(args: argparse.Namespace, backend: Backend, retry: bool, paths: RunPaths,
+                              launch: Launch, jobs: list[dag.JobSpec], prof: ClusterProfile, cfg: RecipeConfig,
+                              digests: dict) -> int:
+    _refuse_active(paths, backend, "retry" if retry else "launch")
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     options = {"stages": args.stages, "ngpu": args.ngpu, "config": str(args.config),
                "cluster": str(args.cluster), "partition": prof.partition, "account": prof.account,
@@ -529,6 +543,13 @@ def _launch_rl(run: _RLRun, backend: Backend, *, retry: bool, dry_run: bool) -> 
     if dry_run:
         print(backend.dry_run(launch))
         return 0
+    with launcher_lock(paths, "retry" if retry else "launch"):
+        _refuse_active(paths, backend, "retry" if retry else "launch")
+        return _record_and_launch_rl(run, backend, retry, launch)
+
+
+def _record_and_launch_rl(run: _RLRun, backend: Backend, retry: bool, launch: Launch) -> int:
+    paths = run.paths
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     options = {"rl": run.rl_args, "outputs": run.outputs, "ngpu": run.ngpu, "rollout_gpus": run.rollout_gpus,
                "colocated": run.colocated, "cluster": run.cluster, "host_argv": run.host_argv}

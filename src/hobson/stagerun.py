@@ -156,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
 
         set_threads(args.cpus)
 
+    from hobson import faults
+
+    faults.hold(f"stage-{args.stage}")  # (fault tests: a stage held before it starts, e.g. to race a launcher)
     start, t0 = utc_now(), time.monotonic()
     print(f"[hobson] stage {args.stage}" + (f" shard {shard} (task {task})" if shard is not None else "")
           + f" on {os.environ.get('SLURMD_NODENAME') or socket.gethostname()} at {start}", flush=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hobson.launch.backends.base import Backend
+from hobson.launch.backends.base import Backend, Poll
 from hobson.records import RunPaths, latest_records, read_run_json, read_stage_records
 from hobson.shards import parse_spec
 
@@ -40,7 +40,7 @@ def _latest_submissions(meta: dict) -> dict[str, list[dict]]:
     return out
 
 
-def collect(paths: RunPaths, backend: Backend) -> tuple[str, list[Row]]:
+def collect(paths: RunPaths, backend: Backend) -> tuple[Poll, list[Row]]:
     meta = read_run_json(paths)
     latest = latest_records(read_stage_records(paths))
     poll = backend.poll(meta)
@@ -86,7 +86,7 @@ def collect(paths: RunPaths, backend: Backend) -> tuple[str, list[Row]]:
                 rows.append(Row(job="", job_id="", shard="", state="", wall="", node="", exit="",
                                 rows="-" if o.get("rows") is None else str(o["rows"]),
                                 sha256=(o.get("sha256") or "-")[:12], path=o.get("path", "")))
-    return poll.source, rows
+    return poll, rows
 
 
 def _pending_array_row(sched: dict, jid: str) -> dict | None:
@@ -99,7 +99,8 @@ def _pending_array_row(sched: dict, jid: str) -> dict | None:
 
 def render(paths: RunPaths, backend: Backend, all_shards: bool = False) -> str:
     meta = read_run_json(paths)
-    source, rows = collect(paths, backend)
+    poll, rows = collect(paths, backend)
+    source = poll.source
     git = meta.get("git", {})
     lines = [f"run {meta['run_id']}  backend {meta['backend']}  created {meta['created_utc']}  "
              f"git {(git.get('revision') or '-')[:12]}{' (dirty)' if git.get('dirty') else ''}  state from {source}"]
@@ -126,4 +127,6 @@ def render(paths: RunPaths, backend: Backend, all_shards: bool = False) -> str:
               if r.state.lower() in ("failed", "cancelled", "timeout", "out_of_memory", "node_fail")]
     if failed:
         lines.append("failed or cancelled: " + ", ".join(failed))
+    if poll.note:
+        lines.append(poll.note)
     return "\n".join(lines)

@@ -55,6 +55,7 @@ class Poll:
     source: str  # where the states came from: "sacct+squeue", "record", ...
     states: dict[str, dict[str, str]] = field(default_factory=dict)  # job id (or id_task, id+k) -> fields
     unrecorded: str = "unknown"  # the state of a launched job that has no record yet
+    note: str | None = None  # one line status adds (e.g. the launcher is gone)
 
 
 class Backend(Protocol):

@@ -26,6 +26,7 @@ from hobson.launch.backends.base import (
     local_logs,
 )
 from hobson.launch.dag import JobSpec
+from hobson.lifetime import die_with_parent
 from hobson.records import REPO_ROOT, RunPaths, append_stage_record, read_run_json, utc_now, write_run_json
 from hobson.shards import format_spec
 
@@ -81,7 +82,13 @@ class LocalBackend:
         return local_logs(paths, job, task)
 
     def poll(self, meta: dict) -> Poll:
-        return Poll("record", {}, "running" if self.launcher_alive(meta) else "not run")
+        alive = self.launcher_alive(meta)
+        local = meta.get("local") or {}
+        note = None
+        if not alive and local.get("pid") and not local.get("ended_utc") and local.get("host") == os.uname().nodename:
+            note = (f"launcher pid {local['pid']} on {local['host']} (started {local.get('started_utc')}) is gone "
+                    "without recording its end (killed?); its stages ended with it. `retry` continues the run")
+        return Poll("record", {}, "running" if alive else "not run", note)
 
     # ----------------------------------------------------------------------------------------
     def run(self, jobs: list[JobSpec], paths: RunPaths, echo=print) -> int:
@@ -168,8 +175,9 @@ class LocalBackend:
         env = job_environ(job, task=task, gpus=slots)
         argv = job.stagerun_args(str(paths.run_dir), shards)  # a retry: task k -> pending shards[k]
         log = open(paths.log(job.name, task), "ab")
+        # its own session (the launcher signals its group); SIGTERM when the launcher dies, even by SIGKILL
         proc = subprocess.Popen([sys.executable, *argv], cwd=REPO_ROOT, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
         return _Task(proc, task, shard, slots, log, time.monotonic())
 
     def _record_cancelled(self, job: JobSpec, paths: RunPaths) -> None:

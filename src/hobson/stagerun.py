@@ -91,8 +91,11 @@ def _run_torchrun(argv: list[str], nproc: int) -> int:
                 f"--rdzv_id={os.environ.get('SLURM_JOB_ID', 'hobson')}", f"--rdzv_endpoint={os.environ['HOBSON_RDZV']}"]
     else:
         rdzv = ["--standalone"]
+    from hobson.lifetime import die_with_parent
+
+    # torchrun (and with it the ranks it stops on SIGTERM) ends with this agent
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *rdzv, f"--nproc_per_node={nproc}",
-                             "-m", "hobson.stagerun", *inner])
+                             "-m", "hobson.stagerun", *inner], preexec_fn=die_with_parent(new_session=False))
     preempted = False
 
     def forward(signum, frame) -> None:

@@ -40,3 +40,19 @@ def test_a_second_launcher_is_refused_and_a_dead_ones_lock_is_taken_over(tmp_pat
     _gone(stage)
     third = run_cli(*argv)
     assert "build" in third.stdout and third.returncode == 0
+
+
+def test_a_local_stage_ends_when_its_launcher_is_killed(tmp_path, subprocess_env):
+    """SIGKILL to the launcher while its stage runs (held at its start): the kernel sends the stage
+    SIGTERM (hobson.lifetime), and status says the launcher is gone."""
+    run_dir, holds = tmp_path / "run", tmp_path / "holds"
+    argv = ["recipe", "build", "--backend", "local", "--run-dir", str(run_dir), "--logs-dir", str(tmp_path / "logs")]
+    env = {**subprocess_env, faults.ENV_POINTS: "stage-build", faults.ENV_DIR: str(holds)}
+    launcher = subprocess.Popen([sys.executable, str(REPO / "launch" / "submit.py"), *argv], cwd=REPO, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stage = faults.wait_held(holds, "stage-build", 300, alive=lambda: launcher.poll() is None)
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.communicate(timeout=60)
+    _gone(stage)  # no one else signals it: only the kernel's parent-death signal can end it
+    status = run_cli("status", str(run_dir)).stdout
+    assert "launcher" in status and "gone" in status, status

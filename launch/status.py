@@ -49,12 +49,20 @@ def collect(paths: RunPaths, backend: Backend) -> tuple[Poll, list[Row]]:
     for name, subs in _latest_submissions(meta).items():
         # (shown name, job id, shard, scheduler key, record name)
         units: list[tuple[str, str, int | None, str, str | None]] = []
+        if any("shards" in sub for sub in subs):
+            # an array: every shard, each from the latest attempt that ran it (a retry reruns only
+            # some; the others still show, finished)
+            by_shard: dict[int, tuple[str, str, int | None, str, str | None]] = {}
+            for sub in meta.get("submissions", []):
+                if sub["job"] == name and "shards" in sub:
+                    jid = sub.get("job_id", "-")
+                    for k, shard in enumerate(parse_spec(sub["shards"])):
+                        by_shard[shard] = (name, jid, shard, f"{jid}_{k}", name)
+            units = [by_shard[shard] for shard in sorted(by_shard)]
+            subs = []
         for sub in subs:
             jid = sub.get("job_id", "-")
-            if "shards" in sub:
-                for k, shard in enumerate(parse_spec(sub["shards"])):
-                    units.append((name, jid, shard, f"{jid}_{k}", name))
-            elif sub.get("components") and not sub.get("colocated"):
+            if sub.get("components") and not sub.get("colocated"):
                 # one heterogeneous job: component k is <id>+k; the first one's process records the job
                 for k, comp in enumerate(sub["components"]):
                     units.append((f"{name} {comp}", f"{jid}+{k}", None, f"{jid}+{k}", name if k == 0 else None))

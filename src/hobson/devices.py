@@ -15,23 +15,28 @@ from hobson.errors import ConfigError
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
-def check_device(device: str, setting: str) -> None:
-    """Raise one :class:`ConfigError` naming ``setting`` unless ``device`` (cpu, cuda, cuda:N) can
-    be used by this process."""
+def check_device(device: str, setting: str, where: str = "") -> None:
+    """Raise one :class:`ConfigError` naming ``setting`` (and ``where`` else it is set, e.g. "DEVICE
+    in the sbatch scripts") unless ``device`` (cpu, cuda, cuda:N) can be used by this process."""
     import torch
 
+    if where:
+        device_s = f"{device} ({setting}; {where})"
+    else:
+        device_s = str(device)
+
     if not _DEVICE.match(str(device)):
-        raise ConfigError(f"{setting} {device!r}: use cpu, cuda or cuda:N")
+        raise ConfigError(f"{setting} {device_s!r}: use cpu, cuda or cuda:N")
     if device == "cpu":
         return
     if not torch.backends.cuda.is_built():
-        raise ConfigError(f"{setting} {device}: this torch ({torch.__version__}) was built without CUDA; set {setting} "
+        raise ConfigError(f"device {device_s}: this torch ({torch.__version__}) was built without CUDA; set {setting} "
                           "cpu, or install a CUDA build of torch on these nodes")
     if not torch.cuda.is_available():
-        raise ConfigError(f"{setting} {device}: no CUDA device is visible to this process (CUDA_VISIBLE_DEVICES="
+        raise ConfigError(f"device {device_s}: no CUDA device is visible to this process (CUDA_VISIBLE_DEVICES="
                           f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}); ask the scheduler for a GPU, "
                           f"or set {setting} cpu")
     index = int(device.split(":")[1]) if ":" in device else 0
     if index >= torch.cuda.device_count():
-        raise ConfigError(f"{setting} {device}: this process sees {torch.cuda.device_count()} CUDA device(s) "
+        raise ConfigError(f"device {device_s}: this process sees {torch.cuda.device_count()} CUDA device(s) "
                           f"(cuda:0..cuda:{torch.cuda.device_count() - 1}); set {setting} to one of them")

@@ -109,5 +109,5 @@ def test_a_cuda_device_this_torch_cannot_give_is_one_clear_error(tmp_path: Path)
                            text=True, timeout=300)
         assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
         (line,) = [x for x in p.stderr.splitlines() if "error:" in x]
-        assert "--device (" in line and device in line and ("set --device" in line or "cpu" in line), line
+        assert f"device {device} (--device; " in line and "sbatch scripts" in line and "cpu" in line, line
     assert not (tmp_path / "run").exists() and not (tmp_path / "a.json").exists()

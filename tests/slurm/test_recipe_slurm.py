@@ -110,7 +110,12 @@ def test_failed_task_blocks_the_merge_and_retry_reruns_only_it(tmp_path, slurm_j
     states = wait_all(slurm_jobs, meta, deadline_s=300, ids=[s["job_id"] for s in new])
     assert set(states.values()) == {"COMPLETED"}, states
     assert sha256_file(run_dir / "labels/teacher.jsonl") == sha256_file(recipe_all_local[0] / "labels/teacher.jsonl")
-    assert "failed or cancelled" not in run_cli("status", str(run_dir)).stdout
+    out = run_cli("status", str(run_dir)).stdout
+    assert "failed or cancelled" not in out
+    # every shard shows after the retry: shard 0 from the first attempt, shard 1 from the retry
+    shards = {line.split()[2]: line for line in out.splitlines() if line.startswith("teacher ")}
+    assert set(shards) == {"0", "1"}, out
+    assert ids["teacher"][0] in shards["0"] and new[0]["job_id"] in shards["1"], out
 
 
 def test_cancelled_job_shows_in_one_poll_also_without_accounting(tmp_path, slurm_jobs):

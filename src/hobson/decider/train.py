@@ -114,7 +114,7 @@ class DeciderTrainRecipe:
         self.is_main = self.rank == 0
         use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
         if cfg.device == "cuda":
-            check_device("cuda", "device:")
+            check_device("cuda", "device", "the training config")
         self.device = torch.device(f"cuda:{self.local_rank}" if use_cuda else "cpu")
         if cfg.bf16 and self.device.type == "cpu":
             raise ConfigError("bf16 is for GPUs; set bf16: false for a CPU run (CPU trains in fp32)")

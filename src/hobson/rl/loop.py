@@ -440,6 +440,12 @@ def remove_stale_temporaries(out: Path) -> list[str]:
     return gone
 
 
+def _check_devices(cfg: RLConfig) -> None:
+    check_device(cfg.device, "--device", "DEVICE in the sbatch scripts")
+    if cfg.engine_address_file is None and cfg.engine_device:  # a remote server checks its own
+        check_device(cfg.engine_device, "--engine-device", "ENGINE_DEVICE in the sbatch scripts")
+
+
 def run(cfg: RLConfig, argv: list[str] | None = None) -> dict[str, Any]:
     """Run (or resume) the RL job ``cfg``; returns this process's session record."""
     return RLRecipe(cfg, list(sys.argv if argv is None else argv)).run()
@@ -465,10 +471,8 @@ class RLRecipe:
 
     def __init__(self, cfg: RLConfig, argv: list[str]) -> None:
         self.argv = argv
-        # first: a device this torch or node cannot give is one message, not a traceback mid-setup
-        check_device(cfg.device, "--device (DEVICE in the sbatch scripts)")
-        if cfg.engine_address_file is None and cfg.engine_device:  # a remote server checks its own
-            check_device(cfg.engine_device, "--engine-device (ENGINE_DEVICE in the sbatch scripts)")
+        if not cfg.resume:  # first: a device this torch or node cannot give is one message, no traceback
+            _check_devices(cfg)  # (a resume first names every setting that differs from its run)
         self.cfg = resolve_defaults(cfg)  # VIME's defaults for this algorithm, model and device, recorded
         self.out = Path(self.cfg.output)
         self.secs: dict[str, float] = {}
@@ -489,6 +493,8 @@ class RLRecipe:
                                       "torch_threads": torch.get_num_threads()}
         self.record = RunRecord(out)
         meta = self._check_resume()  # before anything is written
+        if cfg.resume:
+            _check_devices(cfg)
         if any(str(d).startswith("cuda") for d in (cfg.device, cfg.engine_device or cfg.device)):
             # bit-exact resume on a GPU needs deterministic kernels (embedding backward uses atomics)
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

@@ -174,7 +174,7 @@ class _Server(socketserver.ThreadingTCPServer):
 def serve(address_file: str | os.PathLike, *, device: str = "cpu", bind: str = "0.0.0.0", port: int = 0,
           advertise: str | None = None) -> int:
     """Serve until a shutdown request; returns the exit code (0)."""
-    check_device(device, "--device (ENGINE_DEVICE in the sbatch scripts)")  # before the address exists
+    check_device(device, "--device", "ENGINE_DEVICE in the sbatch scripts")  # before the address exists
     service = RolloutService(device=device)
     srv = _Server((bind, port), service)
     address = {

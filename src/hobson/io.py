@@ -86,6 +86,23 @@ def atomic_dir(target: str | os.PathLike, *, exists: Literal["replace", "keep"] 
             shutil.rmtree(tmp)
 
 
+def check_writable_dir(path: str | os.PathLike, setting: str) -> None:
+    """Fail before a stage spends any work if ``path`` cannot become a directory this user writes
+    (its nearest existing ancestor is a file, or not writable): one ConfigError naming ``setting``.
+    Creates nothing, so a stage refused for another reason leaves no trace."""
+    from hobson.errors import ConfigError
+
+    path = Path(path).absolute()
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"{setting} {path}: {probe} is a file, not a directory; choose another path")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"{setting} {path}: {probe} is not writable by this user; choose a directory you can "
+                          "write, or fix its permissions")
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     with atomic_write(path) as f:
         f.write(text)

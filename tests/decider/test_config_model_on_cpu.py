@@ -187,3 +187,26 @@ def test_length_group_by_is_validated_and_a_resume_keeps_it(config_factory, tmp_
             recipe.setup()
     finally:
         recipe.cleanup()
+
+
+def test_missing_model_data_and_unusable_output_are_one_clear_error(tmp_path, decider_data, subprocess_env):
+    """Each bad path in a training config: exit 1, one `train: error:` line naming the key, no traceback."""
+    import subprocess
+    import sys
+
+    from tests.decider.conftest import base_config
+
+    good = base_config(decider_data, tmp_path / "out")
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    cases = {"base_model": ({"base_model": str(tmp_path / "nope")}, "base_model: "),
+             "train_files": ({"train_files": [str(tmp_path / "missing.jsonl")]}, "train_files: "),
+             "output_dir": ({"output_dir": str(afile / "out")}, f"output_dir: {afile / 'out'}: {afile} is a file")}
+    for name, (change, expect) in cases.items():
+        cfg = tmp_path / f"{name}.yaml"
+        cfg.write_text(yaml.safe_dump({**good, **change}))
+        p = subprocess.run([sys.executable, "-m", "jobs.train", "--config", str(cfg)], cwd=REPO, env=subprocess_env,
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 1 and "Traceback" not in p.stderr, (name, p.stderr)
+        (line,) = [x for x in p.stderr.splitlines() if x.startswith("train: error:")]
+        assert expect in line, (name, line)

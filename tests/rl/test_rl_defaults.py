@@ -111,3 +111,13 @@ def test_a_cuda_device_this_torch_cannot_give_is_one_clear_error(tmp_path: Path)
         (line,) = [x for x in p.stderr.splitlines() if "error:" in x]
         assert f"device {device} (--device; " in line and "sbatch scripts" in line and "cpu" in line, line
     assert not (tmp_path / "run").exists() and not (tmp_path / "a.json").exists()
+
+
+def test_an_output_that_cannot_be_a_directory_is_one_clear_error(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    """(Tests run as root, whom permissions do not stop: a path under a regular file cannot be made.)"""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert main(["--output", str(afile / "run"), *FAST]) == 1
+    err = capsys.readouterr().err
+    assert f"--output {afile / 'run'}: {afile} is a file, not a directory" in err and "internal error" not in err

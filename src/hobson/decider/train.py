@@ -51,7 +51,7 @@ from hobson.decider.model import Decider, build_decider
 from hobson.decider.sampler import LengthGroupedSampler, assign_micro_batches, row_length
 from hobson.devices import check_device
 from hobson.errors import ConfigError, DataError
-from hobson.io import atomic_write, iter_jsonl, write_json_atomic
+from hobson.io import atomic_write, check_writable_dir, iter_jsonl, write_json_atomic
 from hobson.progress import Progress
 from hobson.scalars import TensorBoardLog
 
@@ -124,6 +124,17 @@ class DeciderTrainRecipe:
                               "(torchrun); set host_embeddings: false or run one process")
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
+        for key in ("base_model", "tokenizer"):  # local directories (no model hub): say so before any work
+            where = getattr(cfg, key)
+            if where and not (Path(where) / "config.json").is_file() and not (Path(where) / "tokenizer.json").is_file():
+                raise ConfigError(f"{key}: {where} is not a model directory (no config.json or tokenizer.json there); "
+                                  "set it to a local Hugging Face model directory")
+        for key in ("train_files", "teacher_files", "val_file"):
+            files = getattr(cfg, key)
+            missing = [f for f in ([files] if isinstance(files, str) else files or []) if not Path(f).is_file()]
+            if missing:
+                raise ConfigError(f"{key}: {', '.join(missing)}: no such file; fix the path in the training config")
+        check_writable_dir(cfg.output_dir, "output_dir:")
         self.output_dir = Path(cfg.output_dir)
         self.checkpoint_root = self.output_dir / "checkpoints"
         self._tb: TensorBoardLog | None = None  # opened at the first logged step (rank 0), after a resume

@@ -41,7 +41,7 @@ from torch import Tensor
 from hobson import faults, rng
 from hobson.devices import check_device
 from hobson.errors import ConfigError, DigestMismatch, StageError
-from hobson.io import atomic_write, dumps_row, read_jsonl, write_json_atomic
+from hobson.io import atomic_write, check_writable_dir, dumps_row, read_jsonl, write_json_atomic
 from hobson.models import get_provider, tiny_config
 from hobson.models.common import read_config
 from hobson.models.huginn import check_latent_profile, latent_profile
@@ -475,6 +475,7 @@ class RLRecipe:
             _check_devices(cfg)  # (a resume first names every setting that differs from its run)
         self.cfg = resolve_defaults(cfg)  # VIME's defaults for this algorithm, model and device, recorded
         self.out = Path(self.cfg.output)
+        check_writable_dir(self.out, "--output")
         self.secs: dict[str, float] = {}
         self.pub_secs: dict[str, float] = {}
 

@@ -25,6 +25,7 @@ def internal_error(exc: BaseException, prog: str) -> int:
     """One clear message for a bug (an exception that is not a :class:`HobsonError`): what failed,
     and the file its traceback went to; ``HOBSON_DEBUG=1`` re-raises instead (full traceback).
     Returns the exit code, 70 (EX_SOFTWARE)."""
+    import errno
     import os
     import sys
     import tempfile
@@ -33,6 +34,10 @@ def internal_error(exc: BaseException, prog: str) -> int:
 
     if os.environ.get("HOBSON_DEBUG") == "1":
         raise exc
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the disk, not a bug
+        print(f"{prog}: error: {exc.filename or 'a write'}: no space left on the device; free space, then resume "
+              "(a checkpoint or publication being written was not kept half-written)", file=sys.stderr)
+        return 1
     fd, path = tempfile.mkstemp(prefix=f"hobson-internal-error-{time.strftime('%Y%m%dT%H%M%S')}-", suffix=".txt")
     with os.fdopen(fd, "w") as f:
         f.write(f"{prog} {' '.join(sys.argv[1:])}\n\n")
@@ -41,3 +46,7 @@ def internal_error(exc: BaseException, prog: str) -> int:
           f"  this is a bug in hobson, not in your input; the traceback is in {path}\n"
           f"  (HOBSON_DEBUG=1 prints it here instead); please report it with that file", file=sys.stderr)
     return 70
+
+
+class DiskFull(StageError):
+    """A write ran out of space; the message names the path, the bytes needed and those free."""

@@ -86,6 +86,33 @@ def atomic_dir(target: str | os.PathLike, *, exists: Literal["replace", "keep"] 
             shutil.rmtree(tmp)
 
 
+@contextlib.contextmanager
+def disk_full_is_an_error(target: str | os.PathLike, need_bytes: int | None = None) -> Iterator[None]:
+    """Turn "No space left on device" while writing ``target`` into one :class:`DiskFull` naming
+    the path, the bytes it needs and those free (the writer's temporary sibling is already gone:
+    :func:`atomic_dir` and the publication writer remove it on any failure)."""
+    import errno
+
+    try:
+        yield
+    except Exception as e:
+        # safetensors raises its own error type for the same errno 28
+        if not ((isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT))
+                or "No space left on device" in str(e) or "Disk quota exceeded" in str(e)):
+            raise
+        from hobson.errors import DiskFull
+
+        probe = Path(target)
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        st = os.statvfs(probe)
+        free = st.f_bavail * st.f_frsize
+        need = f"at least {need_bytes:,} bytes" if need_bytes else "more space"
+        raise DiskFull(f"{target}: no space left on the device while writing it: it needs {need}, {free:,} bytes "
+                       f"are free under {probe}; free space (or keep fewer checkpoints and publications), then "
+                       "resume: nothing half-written was kept") from None
+
+
 def check_writable_dir(path: str | os.PathLike, setting: str) -> None:
     """Fail before a stage spends any work if ``path`` cannot become a directory this user writes
     (its nearest existing ancestor is a file, or not writable): one ConfigError naming ``setting``.

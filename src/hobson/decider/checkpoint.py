@@ -34,7 +34,7 @@ from safetensors.torch import load_file, save_file
 
 from hobson import manifest
 from hobson.errors import DataError
-from hobson.io import atomic_dir
+from hobson.io import atomic_dir, disk_full_is_an_error
 
 CONFIG, ADAPTER, HEAD, TEMPERATURES, TRAINER_STATE = (
     "config.json", "adapter.safetensors", "head.safetensors", "temperatures.json", "trainer_state.pt")
@@ -64,7 +64,8 @@ def save_checkpoint(path: str | os.PathLike, *, config: dict[str, Any], adapter:
                     trainer_state: dict[str, Any] | None = None) -> dict[str, str]:
     """Write the directory ``path`` atomically (replacing an old one); return ``{file: sha256}``."""
     path = Path(path)
-    with atomic_dir(path) as tmp:
+    need = sum(t.numel() * t.element_size() for part in (adapter, head) for t in part.values())
+    with disk_full_is_an_error(path, need), atomic_dir(path) as tmp:
         (tmp / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         save_file({k: v.detach().cpu().contiguous() for k, v in adapter.items()}, str(tmp / ADAPTER))
         save_file({k: v.detach().cpu().contiguous() for k, v in head.items()}, str(tmp / HEAD))

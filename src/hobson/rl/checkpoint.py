@@ -41,8 +41,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from hobson import manifest, rng
-from hobson.errors import StageError
-from hobson.io import atomic_dir
+from hobson.errors import HobsonError, StageError
+from hobson.io import atomic_dir, disk_full_is_an_error
 
 _NAME = re.compile(r"^update-(\d{6})$")
 # state.pt's "format": 2 since checkpoints carry a manifest; none: written before (loaded with a warning)
@@ -166,7 +166,8 @@ def write(output: str | os.PathLike, update: int, snap: Snapshot) -> Path:
         # a private copy is only moved; a live tensor is copied (CPU tensors share their storage)
         return {k: (v.to("cpu") if snap.owned else v.to("cpu", copy=True)).contiguous() for k, v in tensors.items()}
 
-    with atomic_dir(final) as tmp:
+    need = sum(t.numel() * t.element_size() for part in (snap.actor, snap.critic) if part for t in part.values())
+    with disk_full_is_an_error(final, need or None), atomic_dir(final) as tmp:
         if snap.actor is not None:
             save_file(host(snap.actor), str(tmp / "actor.safetensors"))
         if snap.critic is not None:
@@ -251,7 +252,8 @@ class CheckpointWriter:
         update, result = self.pending, self._result
         self._thread, self.pending, self._result = None, None, None
         if isinstance(result, BaseException):
-            raise StageError(f"checkpoint of update {update} failed: {result!r}") from result
+            why = str(result) if isinstance(result, HobsonError) else repr(result)
+            raise StageError(f"checkpoint of update {update} failed: {why}") from result
         assert update is not None and result is not None
         return update, result[0], result[1]
 

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from hobson.errors import DigestMismatch, HobsonError
-from hobson.io import write_json_atomic
+from hobson.io import disk_full_is_an_error, write_json_atomic
 from hobson.models.common import DTYPE_NAMES, INDEX_FILE, SINGLE_FILE, SafetensorsDir
 
 MANIFEST = "manifest.json"
@@ -136,7 +136,10 @@ def publish(
     root.mkdir(parents=True, exist_ok=True)
     final = version_dir(root, version)
     existing = sorted(int(p.name[1:]) for p in root.glob("v[0-9]*") if p.is_dir() and p.name[1:].isdigit())
-    with tempfile.TemporaryDirectory(prefix=f".v{version:06d}.", dir=root) as tmp_root:
+    need = sum(t.numel() * (dtype.itemsize if t.is_floating_point() else t.element_size())
+               for t in actor.state_dict().values())
+    with disk_full_is_an_error(final, need), tempfile.TemporaryDirectory(prefix=f".v{version:06d}.",
+                                                                         dir=root) as tmp_root:
         tmp = Path(tmp_root) / "pub"
         provider.export(actor, tmp, dtype=dtype)
         if not (tmp / INDEX_FILE).exists():

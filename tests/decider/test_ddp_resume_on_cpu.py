@@ -300,3 +300,25 @@ def test_a_checkpoint_from_before_manifests_loads_with_a_warning(runs, config_fa
 
     with pytest.raises(ManifestMismatch, match="incomplete, no manifest.json"):
         verify_checkpoint(older)
+
+
+@pytest.mark.parametrize("point", ["train-step-4", "train-checkpoint-4", "train-final"])
+def test_sigterm_at_a_phase_then_a_rerun_ends_bit_identical(runs, config_factory, tmp_path, subprocess_env, point):
+    """SIGTERM (the default action: the process dies on the spot) before step 4, after step 4
+    before its checkpoint, and after the last checkpoint before final/: the rerun resumes from the
+    newest checkpoint and ends with the uninterrupted run's adapter and head bytes."""
+    full = runs("w1", 1)
+    out = tmp_path / "run" / "out"
+    cfg = config_factory(tmp_path / "train.yaml", out, trace_dir=str(tmp_path / "trace"), checkpoint_every=2)
+    holds = tmp_path / "holds"
+    env = {**subprocess_env, faults.ENV_POINTS: point, faults.ENV_DIR: str(holds)}
+    proc = subprocess.Popen([sys.executable, "-m", "jobs.train", "--config", str(cfg)], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    faults.wait_held(holds, point, 300, alive=lambda: proc.poll() is None)
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGTERM and not (out / "final").exists()
+    again = subprocess.run([sys.executable, "-m", "jobs.train", "--config", str(cfg)], cwd=REPO, env=subprocess_env,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    _assert_bit_identical(full, tmp_path / "run")

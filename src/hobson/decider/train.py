@@ -351,6 +351,7 @@ class DeciderTrainRecipe:
         step = self.sampler.global_step()
         if saved_at != step:
             self.save_checkpoint(step)
+        faults.hold("train-final")  # (fault tests: every step checkpointed, final/ not yet written)
         if cfg.val_file:
             self._validate(step)
         self.save_final()
@@ -461,6 +462,7 @@ class DeciderTrainRecipe:
         else:
             rngs = [mine]
         if self.is_main:
+            faults.hold(f"train-checkpoint-{step}")  # (fault tests: step done, its checkpoint not yet written)
             state = {"step": step, "world_size": self.world_size, "sampler": self.sampler.state_dict(),
                      "collator": self.collator.state_dict(), "optimizer": self.optimizer.state_dict(),
                      "scheduler": self.scheduler.state_dict(), "rng": rngs}

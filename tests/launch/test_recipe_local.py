@@ -2,11 +2,15 @@
 
 import json
 
+import pytest
+
 from hobson.io import sha256_file
 from hobson.launch.dag import ALL
 
 
+@pytest.mark.slow
 def test_runs_every_stage_and_prints_the_evaluation(recipe_all_local):
+    """Slow: its session fixture runs the whole recipe on the local backend once (the other tests reuse it)."""
     run_dir, logs, out = recipe_all_local
     assert "[teacher] 2 tasks done" in out and "[replay] 2 tasks done" in out
     assert "## Overall" in out and f"report : {run_dir}/eval/report.md" in out

@@ -35,7 +35,9 @@ def trial(tmp_path_factory: pytest.TempPathFactory) -> dict:
                                      overrides={"prompts_per_update": 16, "updates": 20})
 
 
+@pytest.mark.slow
 def test_start_checkpoint_answers_in_the_format_with_room_to_learn(trial: dict) -> None:
+    """Slow: its fixture trains both supervised start checkpoints (400 steps each on 2 threads)."""
     assert trial["boxed_before"] >= 0.95
     assert 0.05 <= trial["reward_before"] <= 0.6
 

@@ -47,7 +47,9 @@ def _vllm_python() -> Path | None:
     return None
 
 
+@pytest.mark.slow
 def test_vllm_engine() -> None:
+    """Slow: it starts vLLM's CPU engine (engine start-up dominates)."""
     python = _vllm_python()
     if python is None:
         msg = "no interpreter with vLLM: run `bash tests/vllm_env.sh` (makes .venv-vllm) to test the vLLM engine"

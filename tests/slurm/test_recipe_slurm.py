@@ -9,6 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from hobson import faults
 from hobson.io import sha256_file
 from hobson.launch.backends.slurm import SlurmBackend
@@ -43,7 +45,9 @@ SAME_BYTES = ["labels/teacher.jsonl", "labels/teacher_train.jsonl", "labels/repl
               "calibrated/temperatures.json", "eval/predictions.jsonl"]
 
 
+@pytest.mark.slow
 def test_recipe_all_on_slurm_equals_the_local_run(tmp_path, slurm_jobs, recipe_all_local):
+    """Slow: every stage of the recipe runs as Slurm jobs (arrays, torchrun) on the local cluster."""
     local_dir, _, _ = recipe_all_local
     run_dir = tmp_path / "run"
     meta = submit(run_dir, "all")
@@ -90,7 +94,9 @@ def test_recipe_all_on_slurm_equals_the_local_run(tmp_path, slurm_jobs, recipe_a
     assert re.search(rf"train\s+{ids['train'][0]}\s+-\s+ok", out)
 
 
+@pytest.mark.slow
 def test_failed_task_blocks_the_merge_and_retry_reruns_only_it(tmp_path, slurm_jobs, recipe_all_local):
+    """Slow: the recipe's stages up to the teacher merge run as Slurm jobs, twice."""
     run_dir = tmp_path / "run"
     meta = submit(run_dir, *STAGES, env={"HOBSON_TEST_FAIL": "teacher:1"})
     ids = job_ids(meta)
@@ -154,8 +160,10 @@ def _steps(log: Path) -> list[int]:
     return steps
 
 
+@pytest.mark.slow
 def test_training_sent_usr2_checkpoints_requeues_and_ends_with_the_same_weights(tmp_path, slurm_jobs,
                                                                                 recipe_all_local):
+    """Slow: a torchrun training job is preempted, requeued by slurmctld and run again."""
     local_dir = recipe_all_local[0]
     run_dir = tmp_path / "run"
     # every input of `train` as the local run recorded it; train itself and after it not yet run

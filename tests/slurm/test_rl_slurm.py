@@ -177,10 +177,12 @@ def test_stop_after_then_resume_as_two_jobs(slurm_jobs, reference: Path) -> None
     _assert_same(reference, run)
 
 
+@pytest.mark.slow
 def test_usr2_requeues_and_the_job_resumes(slurm_jobs, reference: Path) -> None:
     """USR2 to the batch shell (what --signal=B:USR2@120 sends before the time limit): the job
     requeues itself, runs again under the same id and OUTPUT, and resumes from checkpoint 1,
-    republishing version 1 before its first rollout."""
+    republishing version 1 before its first rollout.
+    Slow: slurmctld takes its time to start a requeued job again."""
     run = slurm_jobs.workdir / "run"
     holds = slurm_jobs.workdir / "holds"
     job = _submit(slurm_jobs, "grpo.sh", _env(run, **_hold(holds, "update-2")))
@@ -227,9 +229,11 @@ def test_killed_rollout_component_fails_job_then_resume(slurm_jobs, reference: P
     _assert_whole(run)
 
 
+@pytest.mark.slow
 def test_hung_rollout_component_detected_by_timeouts(slurm_jobs) -> None:
     """A server that stops answering (SIGSTOP: its port still accepts) once it serves version 0:
-    update 1's generate gets no answer within its timeout."""
+    update 1's generate gets no answer within its timeout.
+    Slow: it waits out the request timeout it tests."""
     from hobson.rollout.transport import request
 
     run = slurm_jobs.workdir / "run"

@@ -21,22 +21,26 @@ def _gone(pid: int, timeout_s: float = 60) -> None:
         time.sleep(0.05)
 
 
-def test_a_second_launcher_is_refused_and_a_dead_ones_lock_is_taken_over(tmp_path, subprocess_env):
+def _held_launcher(tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.Popen, int, list[str]]:
+    """``(launcher, stage pid, its argv)``: `recipe build` on the local backend, its stage held at its start."""
     run_dir, holds = tmp_path / "run", tmp_path / "holds"
     argv = ["recipe", "build", "--backend", "local", "--run-dir", str(run_dir), "--logs-dir", str(tmp_path / "logs")]
-    env = {**subprocess_env, faults.ENV_POINTS: "stage-build", faults.ENV_DIR: str(holds)}
-    first = subprocess.Popen([sys.executable, str(REPO / "launch" / "submit.py"), *argv], cwd=REPO, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # the first launcher is running its stage, held before it starts
-    stage = faults.wait_held(holds, "stage-build", 300, alive=lambda: first.poll() is None)
-    for cmd in (argv, ["retry", str(run_dir)]):
+    env = {**env, faults.ENV_POINTS: "stage-build", faults.ENV_DIR: str(holds)}
+    launcher = subprocess.Popen([sys.executable, str(REPO / "launch" / "submit.py"), *argv], cwd=REPO, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stage = faults.wait_held(holds, "stage-build", 300, alive=lambda: launcher.poll() is None)
+    return launcher, stage, argv
+
+
+def test_a_second_launcher_is_refused_and_a_dead_ones_lock_is_taken_over(tmp_path, subprocess_env):
+    first, stage, argv = _held_launcher(tmp_path, subprocess_env)
+    for cmd in (argv, ["retry", str(tmp_path / "run")]):
         second = run_cli(*cmd, check=False)
         assert second.returncode == 2, second.stdout + second.stderr
         (line,) = [x for x in second.stderr.splitlines() if x.startswith("error:")]
         assert f"is already being launched by pid {first.pid} on " in line and "cancel" in line, line
-    os.kill(first.pid, signal.SIGKILL)  # the kernel drops its lock with it
+    os.kill(first.pid, signal.SIGKILL)  # the kernel drops its lock with it (and ends its stage)
     first.communicate(timeout=60)
-    os.kill(stage, signal.SIGKILL)  # its held stage, a worker of its own
     _gone(stage)
     third = run_cli(*argv)
     assert "build" in third.stdout and third.returncode == 0
@@ -45,14 +49,9 @@ def test_a_second_launcher_is_refused_and_a_dead_ones_lock_is_taken_over(tmp_pat
 def test_a_local_stage_ends_when_its_launcher_is_killed(tmp_path, subprocess_env):
     """SIGKILL to the launcher while its stage runs (held at its start): the kernel sends the stage
     SIGTERM (hobson.lifetime), and status says the launcher is gone."""
-    run_dir, holds = tmp_path / "run", tmp_path / "holds"
-    argv = ["recipe", "build", "--backend", "local", "--run-dir", str(run_dir), "--logs-dir", str(tmp_path / "logs")]
-    env = {**subprocess_env, faults.ENV_POINTS: "stage-build", faults.ENV_DIR: str(holds)}
-    launcher = subprocess.Popen([sys.executable, str(REPO / "launch" / "submit.py"), *argv], cwd=REPO, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    stage = faults.wait_held(holds, "stage-build", 300, alive=lambda: launcher.poll() is None)
+    launcher, stage, _ = _held_launcher(tmp_path, subprocess_env)
     os.kill(launcher.pid, signal.SIGKILL)
     launcher.communicate(timeout=60)
     _gone(stage)  # no one else signals it: only the kernel's parent-death signal can end it
-    status = run_cli("status", str(run_dir)).stdout
+    status = run_cli("status", str(tmp_path / "run")).stdout
     assert "launcher" in status and "gone" in status, status

@@ -4,11 +4,13 @@
     python -m jobs.rollout_server --wait --address-file F --timeout 600 --watch-pid 1234
     python -m jobs.rollout_server --ping --address-file F
 
-Serving: binds a port, writes its address atomically to --address-file, serves ping / configure /
+Serving: listens on the address its advertised host resolves to, makes (or reads) the job's secret
+(mode 0600, --secret-file), writes its address atomically to --address-file, serves ping / configure /
 load_publication / generate / shutdown (hobson.rollout.server) until the trainer (python -m jobs.rl
 --engine-address-file F) sends shutdown. --wait: return once the address file exists and the
 server answers a real ping (not a sleep), failing after --timeout seconds or as soon as process
---watch-pid has exited. --ping: one readiness request, exit 0 if answered.
+--watch-pid has exited. --ping: one readiness request, exit 0 if answered. Every request carries
+the secret named in the address file; the server refuses one without it.
 
 Exit codes: 0 served and shut down / ready / answered, 1 not ready, no answer or bad flags.
 """
@@ -31,10 +33,13 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--wait", action="store_true", help="wait for the server to be ready instead of serving")
     mode.add_argument("--ping", action="store_true", help="send one readiness request instead of serving")
     p.add_argument("--device", default="cpu", help="rollout device when serving (cpu, cuda, cuda:1); default cpu")
-    p.add_argument("--bind", default="0.0.0.0", help="interface to listen on when serving (default all)")
+    p.add_argument("--bind", default=None,
+                   help="address to listen on when serving (default: the address the advertised host resolves to)")
     p.add_argument("--port", type=int, default=0, help="port to listen on (default 0: any free port)")
     p.add_argument("--advertise", default=None,
                    help="host name written to the address file (default $SLURMD_NODENAME, else the host name)")
+    p.add_argument("--secret-file", default=None,
+                   help="the job's secret (mode 0600; made if absent); default: the address file with suffix .secret")
     p.add_argument("--timeout", type=float, default=600.0, help="--wait/--ping deadline in seconds (default 600)")
     p.add_argument("--watch-pid", type=int, default=None,
                    help="--wait fails as soon as this process (the server's srun) has exited")
@@ -52,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from hobson.rollout.server import serve
 
-        return serve(args.address_file, device=args.device, bind=args.bind, port=args.port, advertise=args.advertise)
+        return serve(args.address_file, device=args.device, bind=args.bind, port=args.port, advertise=args.advertise,
+                     secret_file=args.secret_file)
     except HobsonError as e:
         print(f"rollout_server: error: {e}", file=sys.stderr)
         return 1

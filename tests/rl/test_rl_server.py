@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import time
@@ -18,11 +20,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from hobson.errors import DigestMismatch
+from hobson.errors import ConfigError, DigestMismatch
 from hobson.io import read_jsonl
 from hobson.jobs.rl import main
 from hobson.rl.verify_resume import compare_runs
-from hobson.rollout.transport import RemoteEngine, RolloutEngineError, request, wait_ready
+from hobson.rollout.transport import (
+    AuthError,
+    RemoteEngine,
+    RolloutEngineError,
+    make_secret,
+    read_address,
+    read_secret,
+    request,
+    wait_ready,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 ARGS = [
@@ -116,3 +127,48 @@ def test_hung_and_gone_server_named(tmp_path: Path, server: tuple[Path, subproce
     proc.wait(timeout=30)
     with pytest.raises(RolloutEngineError, match=r"rollout component .*'ping' failed"):
         request(address, {"op": "ping"}, timeout=2)
+
+
+def test_request_without_the_secret_is_refused_and_changes_nothing(
+        tmp_path: Path, server: tuple[Path, subprocess.Popen[str]]) -> None:
+    """Anyone on the cluster network could reach the port: without the job's secret no request
+    (ping, configure, load, generate, shutdown) is served, and the server is as it was."""
+    addr, proc = server
+    address = read_address(addr)
+    assert address is not None
+    secret_file = Path(address["secret_file"])
+    assert secret_file.parent == addr.parent and stat.S_IMODE(secret_file.stat().st_mode) == 0o600
+    assert "secret" not in json.loads(addr.read_text())  # the address file names the secret, never holds it
+    before = request(address, {"op": "ping"}, 10)
+    assert before["configured"] is False and before["version"] is None
+    bare = {k: v for k, v in address.items() if k != "secret"}
+    payloads = [
+        {"op": "ping"},
+        {"op": "configure", "dtype": "float32", "eos_id": 0, "pad_id": 0, "model_revision": "m",
+         "engine_revision": "e", "torch_threads": 1},
+        {"op": "load_publication", "transport": "shared-dir", "path": str(tmp_path / "anything")},
+        {"op": "generate", "prompts": [[1]], "seeds": [0], "temperature": 1.0, "max_new_tokens": 1},
+        {"op": "shutdown"},
+    ]
+    for who in (bare, {**bare, "secret": "0" * 64}, {**bare, "secret": address["secret"][:-1]}):
+        for payload in payloads:
+            with pytest.raises(AuthError, match="does not carry this job's rollout secret"):
+                request(who, payload, 10)
+    assert proc.poll() is None  # the refused shutdown did not stop it
+    assert request(address, {"op": "ping"}, 10) == before
+    # it listens on the address it advertises (127.0.0.1), not on every interface
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.2", int(address["port"])), timeout=5).close()
+
+
+def test_a_secret_others_can_read_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "address-1.secret"
+    secret = make_secret(path)
+    assert make_secret(path) == secret and len(secret) == 64  # a second server of the job reads the same one
+    path.chmod(0o644)
+    with pytest.raises(ConfigError, match=r"readable by others \(mode 644\).*chmod 600"):
+        read_secret(path)
+    path.write_text("short")
+    path.chmod(0o600)
+    with pytest.raises(ConfigError, match="not a rollout secret"):
+        read_secret(path)

@@ -234,15 +234,15 @@ def test_hung_rollout_component_detected_by_timeouts(slurm_jobs) -> None:
     """A server that stops answering (SIGSTOP: its port still accepts) once it serves version 0:
     update 1's generate gets no answer within its timeout.
     Slow: it waits out the request timeout it tests."""
-    from hobson.rollout.transport import request
+    from hobson.rollout.transport import read_address, request
 
     run = slurm_jobs.workdir / "run"
     holds = slurm_jobs.workdir / "holds"
     job = _submit(slurm_jobs, "grpo.sh", _env(run, UPDATES="1", REQUEST_TIMEOUT="10", PUBLISH_TIMEOUT="10",
                                               **_hold(holds, "update-1")))
     _wait_held(slurm_jobs, job, holds, "update-1")  # version 0 published: the server is configured
-    address = json.loads(next((run / "engine").glob("address-*.json")).read_text())
-    assert request(address, {"op": "ping"}, 10)["configured"]
+    address = read_address(next((run / "engine").glob("address-*.json")))  # with the job's secret
+    assert address is not None and request(address, {"op": "ping"}, 10)["configured"]
     os.kill(address["pid"], signal.SIGSTOP)
     hung = time.monotonic()
     faults.release(holds, "update-1")  # update 1's rollout asks a server that never answers

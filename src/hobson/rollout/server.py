@@ -1,8 +1,11 @@
 """The rollout server: a :class:`~hobson.rollout.engine.NativeEngine` behind a TCP port, for the
 rollout component of a heterogeneous Slurm job (``python -m jobs.rollout_server``).
 
-It binds a port on its node, writes ``{"host", "port", "pid", "node", ...}`` atomically to the
-address file, and answers one JSON-line request per connection (:mod:`hobson.rollout.transport`):
+It binds a port on the address it advertises (not every interface), makes or reads the job's
+secret (mode 0600, beside the address file), writes ``{"host", "port", "pid", "node",
+"secret_file", ...}`` atomically to the address file, and answers one JSON-line request per
+connection (:mod:`hobson.rollout.transport`). A request without the secret is refused before it
+is read further: it changes nothing and learns nothing but the refusal.
 
     ping               readiness: node, pid, whether configured, the committed (version, digest)
     configure          dtype, token ids, revisions, torch threads: what the trainer's in-process
@@ -37,7 +40,7 @@ from hobson.errors import ConfigError
 from hobson.io import write_json_atomic
 from hobson.records import utc_now
 from hobson.rollout import publication
-from hobson.rollout.transport import get_transport
+from hobson.rollout.transport import AuthError, default_secret_file, get_transport, make_secret, secret_matches
 
 READ_TIMEOUT_S = 60.0
 
@@ -51,8 +54,9 @@ def node_name() -> str:
 class RolloutService:
     """The state behind the socket: settings, the engine, and request dispatch (no I/O)."""
 
-    def __init__(self, device: str = "cpu") -> None:
+    def __init__(self, device: str = "cpu", secret: str | None = None) -> None:
         self.device = device
+        self.secret = secret
         self.settings: dict[str, Any] | None = None
         self.engine: Any = None
         self.node = node_name()
@@ -60,6 +64,9 @@ class RolloutService:
         self._build_lock = threading.Lock()
 
     def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
+        if self.secret is not None and not secret_matches(msg.get("secret"), self.secret):
+            raise AuthError("refused: the request does not carry this job's rollout secret "
+                            "(the secret_file named in the server's address file)")
         op = msg.get("op")
         if op == "ping":
             return {
@@ -151,7 +158,7 @@ class _Handler(socketserver.StreamRequestHandler):
             answer = {"ok": True, **self.server.service.handle(json.loads(line))}
         except Exception as e:  # every failure goes back to the trainer, which decides
             answer = {"ok": False, "type": type(e).__name__, "error": str(e) or repr(e)}
-            if not isinstance(e, (ConfigError, publication.PublicationError)):
+            if not isinstance(e, (ConfigError, AuthError, publication.PublicationError)):
                 traceback.print_exc(file=sys.stderr)
         try:
             self.wfile.write(json.dumps(answer).encode() + b"\n")
@@ -171,24 +178,42 @@ class _Server(socketserver.ThreadingTCPServer):
         self.service = service
 
 
-def serve(address_file: str | os.PathLike, *, device: str = "cpu", bind: str = "0.0.0.0", port: int = 0,
-          advertise: str | None = None) -> int:
-    """Serve until a shutdown request; returns the exit code (0)."""
+def bind_address(host: str) -> str:
+    """The IPv4 address ``host`` resolves to: the one interface the server listens on, so that it
+    is reachable exactly where it says it is and nowhere else."""
+    try:
+        return socket.getaddrinfo(host, None, family=socket.AF_INET, type=socket.SOCK_STREAM)[0][4][0]
+    except socket.gaierror as e:
+        raise ConfigError(f"cannot resolve {host!r}, the host this rollout server advertises ({e.strerror}): "
+                          "pass --advertise NAME_OR_IP, or --bind ADDRESS") from None
+
+
+def serve(address_file: str | os.PathLike, *, device: str = "cpu", bind: str | None = None, port: int = 0,
+          advertise: str | None = None, secret_file: str | os.PathLike | None = None) -> int:
+    """Serve until a shutdown request; returns the exit code (0). ``bind`` defaults to the address
+    the advertised host resolves to; ``secret_file`` to the address file's ``.secret`` sibling."""
     check_device(device, "--device", "ENGINE_DEVICE in the sbatch scripts")  # before the address exists
-    service = RolloutService(device=device)
-    srv = _Server((bind, port), service)
+    host = advertise or node_name()
+    secret_path = Path(secret_file) if secret_file is not None else default_secret_file(address_file)
+    service = RolloutService(device=device, secret=make_secret(secret_path))
+    try:
+        srv = _Server((bind or bind_address(host), port), service)
+    except OSError as e:
+        raise ConfigError(f"cannot listen on {bind or host}:{port}: {e.strerror}; pass --bind ADDRESS "
+                          "or --port PORT") from None
     address = {
-        "host": advertise or service.node,
+        "host": host,
         "port": srv.server_address[1],
         "pid": os.getpid(),
         "node": service.node,
         "job_id": os.environ.get("SLURM_JOB_ID"),
         "started_utc": utc_now(),
+        "secret_file": str(secret_path.resolve()),
     }
     path = Path(address_file)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, address)
-    print(f"rollout server: listening on {address['host']}:{address['port']} (node {service.node}, "
+    print(f"rollout server: listening on {srv.server_address[0]}:{address['port']} as {host} (node {service.node}, "
           f"pid {os.getpid()}); address in {path}", flush=True)
     try:
         srv.serve_forever(poll_interval=0.2)

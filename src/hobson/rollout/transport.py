@@ -19,14 +19,22 @@ objectives never see which one runs.
 
 The address file (written atomically by the server) is JSON::
 
-    {"host": "n2", "port": 41234, "pid": 123, "node": "n2", "job_id": "77", "started_utc": ...}
+    {"host": "n2", "port": 41234, "pid": 123, "node": "n2", "job_id": "77", "started_utc": ...,
+     "secret_file": "runs/x/engine/address-77.secret"}
+
+Every request carries the job's secret, read from ``secret_file`` (mode 0600, beside the address
+file, created by the first server of the job): the server refuses any request without it, so a
+process elsewhere on the cluster network cannot load a path into the engine or shut it down.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import os
+import secrets
 import socket
+import stat
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -54,15 +62,81 @@ def _error_class(name: str) -> type[HobsonError]:
         from hobson.rollout.publication import PublicationError
 
         return PublicationError
-    return {"DigestMismatch": DigestMismatch, "ConfigError": ConfigError}.get(name, RolloutEngineError)
+    return {"DigestMismatch": DigestMismatch, "ConfigError": ConfigError, "AuthError": AuthError}.get(
+        name, RolloutEngineError)
+
+
+class AuthError(HobsonError):
+    """A request did not carry the job's secret; the server refused it and changed nothing."""
+
+
+SECRET_BYTES = 32
+
+
+def default_secret_file(address_file: str | os.PathLike) -> Path:
+    """The secret's place beside an address file: ``address-77.json`` -> ``address-77.secret``."""
+    return Path(address_file).with_suffix(".secret")
+
+
+def make_secret(path: str | os.PathLike) -> str:
+    """The job's secret in ``path``: read if it exists, else created with mode 0600.
+
+    Written to a private temporary and hard-linked into place, so that servers of one job
+    starting together agree on one secret and none reads a half-written file."""
+    path = Path(path)
+    if path.exists():
+        return read_secret(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # 0600 from the first byte
+    try:
+        try:
+            os.write(fd, secrets.token_hex(SECRET_BYTES).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another server of this job linked its secret first: use that one
+    finally:
+        tmp.unlink(missing_ok=True)
+    return read_secret(path)
+
+
+def read_secret(path: str | os.PathLike) -> str:
+    """The secret in ``path``; refused if others than its owner may read it."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: the rollout server's secret file is missing; "
+                          "restart the rollout component") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"{path}: the rollout secret is readable by others (mode {stat.S_IMODE(mode):o}); "
+                          f"run `chmod 600 {path}` or delete it and restart the rollout component")
+    if len(text) != 2 * SECRET_BYTES:
+        raise ConfigError(f"{path}: not a rollout secret ({len(text)} characters, expected {2 * SECRET_BYTES}); "
+                          "delete it and restart the rollout component")
+    return text
+
+
+def secret_matches(given: Any, secret: str) -> bool:
+    """Constant-time comparison, so the answer's timing does not leak the secret."""
+    return isinstance(given, str) and hmac.compare_digest(given.encode(), secret.encode())
 
 
 def read_address(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The address a server wrote, or None while the file is absent (the server is starting)."""
+    """The address a server wrote, with its secret (from ``secret_file``) under ``"secret"``, or
+    None while the file is absent (the server is starting)."""
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        address = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
+    if "secret_file" in address:
+        address["secret"] = read_secret(address["secret_file"])
+    return address
 
 
 def describe(address: dict[str, Any]) -> str:
@@ -76,6 +150,8 @@ def request(address: dict[str, Any], payload: dict[str, Any], timeout: float) ->
     (its class when known) when it refused the request."""
     op = payload.get("op")
     deadline = time.monotonic() + timeout
+    if "secret" in address:
+        payload = {**payload, "secret": address["secret"]}
     try:
         with socket.create_connection((address["host"], int(address["port"])), timeout=timeout) as s:
             s.sendall(json.dumps(payload).encode() + b"\n")

@@ -18,6 +18,7 @@ import tempfile
 import time
 
 import numpy as np
+from common import best
 
 from hobson.labels.merge import merge_shards
 from hobson.labels.shardfile import format_label_line, write_shard
@@ -37,15 +38,6 @@ def make_shards(out: str, rows: int, shards: int, batch: int = 64, seed: int = 0
     for s in range(shards):
         path, done = shard_paths(out, s, shards)
         write_shard(path, done, (lines[i] for i in np.flatnonzero(owner == s).tolist()))
-
-
-def best(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def main(argv: list[str] | None = None) -> int:

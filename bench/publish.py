@@ -19,6 +19,7 @@ import tempfile
 import time
 
 import torch
+from common import best
 
 from hobson.models import get_provider, tiny_config
 from hobson.rollout import publication
@@ -49,15 +50,6 @@ SIZES = {
     },
     "tiny": {"nanbeige": {}, "huginn_raven": {}},
 }
-
-
-def best(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def parse_args(doc: str) -> argparse.Namespace:

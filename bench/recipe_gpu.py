@@ -1,7 +1,8 @@
 """The recipe's GPU stages, measured: teacher labelling, decider training (tokens/s, MFU, memory), DDP = 1 process.
 
     python bench/recipe_gpu.py label --device cuda --json out/label.json
-    python bench/recipe_gpu.py train --device cuda --json out/train.json [--compile] [--profile N] [--set KEY=VALUE ...]
+    python bench/recipe_gpu.py train --device cuda --json out/train.json [--gdn compiled] [--profile N] \
+                                     [--set KEY=VALUE ...]
     python bench/recipe_gpu.py ddp   --device cuda --json out/ddp.json       # needs 2 GPUs (skipped with 1)
     python bench/recipe_gpu.py all   --device cuda --json out/all.json       # the three, one JSON
     python bench/recipe_gpu.py all   --device cpu --shape tiny --json x.json # seconds, on a CPU (CI)
@@ -19,11 +20,12 @@ heads, head_dim 128, intermediate 9728, vocab 151936, tied embeddings; bf16 on C
 left at its default, which does not change the work) scores the rows three ways, after a warm-up:
 (a) ``hobson.labels.label_rows`` with ``LMOptionScorer`` (the teacher stage: tokenize, sort, pack
 within ``--max-batch-tokens``/``--max-batch-rows``, left-pad, one forward per batch, write the
-shard file), (b) a naive loop, one forward per row, on ``--naive-rows`` rows spread over the
-corpus, (c) the model alone on full, unpadded ``[B, L]`` batches (random ids, no mask, the same
-``logits_to_keep=1``), L = the mean row length, B = as many rows as the labeller's budget allows,
-as many forwards as it takes to cover the same real tokens. Tokens are real (unpadded) prompt
-tokens. Ratios: batched/naive and batched/full-forward (target >= 0.60).
+shard file; the scorer's own ``forward_seconds`` gives the model's share of it), (b) a naive
+loop, one forward per row, on ``--naive-rows`` rows spread over the corpus, (c) the model alone
+on full, unpadded ``[B, L]`` batches (random ids, no mask, the same ``logits_to_keep=1``), L = the
+mean row length, B = as many rows as the labeller's budget allows, as many forwards as it takes
+to cover the same real tokens. Tokens are real (unpadded) prompt tokens. Ratios: batched/naive
+and batched/full-forward (target >= 0.60).
 
 ``train``: a **Qwen3.5-2B-shaped** torso (Qwen3_5TextConfig as published for Qwen/Qwen3.5-2B:
 hidden 2048, 24 layers = 18 Gated DeltaNet + 6 full attention (every 4th), 8 heads / 2 KV heads
@@ -31,13 +33,14 @@ of 256 with the output gate, linear attention 16 key / 16 value heads of 128, co
 intermediate 6144, vocab 248320, tied embeddings: 1.88 B parameters) trained by the real recipe
 (``hobson.decider.train.DeciderTrainRecipe`` with ``configs/train.yaml``: LoRA r16 on
 q/k/v/o/gate/up/down, pointer head, teacher KL, frozen-torso KL; bf16 on CUDA; gradient
-checkpointing as the config has it) for ``--warmup`` then ``--steps`` optimizer steps. The only
-substitution: ``hobson.decider.model.load_torso`` builds the torso from its config.json with a
-seeded random init (``from_config``) instead of reading weights. Which Gated DeltaNet kernels ran
-is detected from transformers' dispatch (fla's chunked kernel, or its torch fallback); when fla is
-there but its backward fails a probe (fla 0.6 + triton 3.6 on Hopper), training is switched to the
-torch fallback and the JSON says so. ``--compile`` wraps the torch fallback's
-``torch_chunk_gated_delta_rule`` in ``torch.compile``.
+checkpointing as the config has it) for ``--warmup`` then ``--steps`` optimizer steps, through the
+recipe's own settings and hooks: ``torso_init=random`` builds the torso from its config.json with a
+seeded random init (``from_config``) instead of reading weights; ``gated_delta_rule=<--gdn>``
+picks the Gated DeltaNet kernel (``auto``: fla's chunked kernel when it imports and its backward
+passes a probe, which fla 0.6 + triton 3.6 fails on Hopper, else transformers' torch function;
+``torch``; ``compiled``: the torch function under ``torch.compile``), and ``recipe.kernels`` says
+which ran and how often; ``on_step`` hands over each step's rows, real and padded tokens and
+synchronised seconds (timed wall = the sum of the timed steps' seconds).
 
 MFU, per real token (padding is work wasted, so it lowers MFU). N = the torso's matmul weights
 (every nn.Linear of the decoder layers; embeddings are a lookup and the decider has no LM head),
@@ -74,24 +77,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
-import gc
-import inspect
 import json
 import os
-import platform
 import random
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import gpu_profile
+import common
 import torch
+from common import gib, log, print_table, release, sync
 
 from hobson.io import dumps_row, write_json_atomic
 from hobson.labels.label import DEFAULT_MAX_BATCH_ROWS, DEFAULT_MAX_BATCH_TOKENS
@@ -99,8 +99,7 @@ from hobson.threads import threads
 
 REPO = Path(__file__).resolve().parents[1]
 
-GiB = 1024 ** 3
-INIT_SEED = 1234  # the random torso/teacher weights; every process draws the same ones
+INIT_SEED = 1234  # the random teacher's weights (the torso's come from the training config's seed)
 CPU_TEST_BOUND = 1e-5  # tests/decider/test_ddp_resume_on_cpu.py: per-step relative gradient difference
 GPU_TEST_BOUND = 1e-4  # tests/decider/test_ddp_on_gpu.py (fp32 on GPUs)
 LABEL_TARGET = 0.60  # issue 8: batched labelling >= 60% of full, unpadded forward throughput
@@ -135,52 +134,12 @@ DEFAULTS: dict[str, dict[str, int]] = {
 TINY_LABEL_ROWS = 48  # a tiny label run scores this many of the sampled rows
 
 
-def log(msg: str) -> None:
-    print(f"[recipe_gpu] {msg}", file=sys.stderr, flush=True)
-
-
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def count(n: float) -> str:
     """``1.881 B`` / ``10.9 M`` / ``52.3 k``: parameter counts for the tables."""
     for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
         if n >= div:
             return f"{n / div:.3f} {unit}" if unit == "B" else f"{n / div:.1f} {unit}"
     return str(int(n))
-
-
-def gib(n: float) -> float:
-    return round(n / GiB, 3)
-
-
-def print_table(title: str, rows: list[tuple[str, Any]]) -> None:
-    print(f"\n### {title}\n\n| figure | value |\n| --- | --- |")
-    for k, v in rows:
-        print(f"| {k} | {v} |")
-    sys.stdout.flush()
-
-
-def environment(device: str) -> dict[str, Any]:
-    import peft
-    import transformers
-
-    env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
-                           "transformers": transformers.__version__, "peft": peft.__version__,
-                           "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-                           "host_cpus": os.cpu_count()}
-    for name in ("triton", "fla", "tilelang"):
-        try:
-            env[name] = __import__(name).__version__
-        except Exception:  # absent or broken: say so rather than fail the bench
-            env[name] = None
-    if device.startswith("cuda"):
-        env["gpu"] = torch.cuda.get_device_name(0)
-        env["gpu_count"] = torch.cuda.device_count()
-        env["cuda"] = torch.version.cuda
-    return env
 
 
 # --- corpus, tokenizer, random models --------------------------------------------------------------
@@ -281,147 +240,7 @@ def torso_config(shape: str, tok):
                              pad_token_id=tok.pad_token_id)
 
 
-@contextlib.contextmanager
-def random_torso_loader(device: str) -> Iterator[None]:
-    """``hobson.decider.model.load_torso`` builds the torso from ``<base_model>/config.json`` with random weights.
-
-    Everything else (LoRA, head, frozen readout, the recipe) is the project's code, unchanged.
-    """
-    import hobson.decider.model as decider_model
-
-    original = decider_model.load_torso
-
-    def load_random_torso(path: str, *, dtype: torch.dtype, attn_implementation: str, keep_lm_head: bool,
-                          host_embeddings: bool = False):
-        from transformers import AutoConfig
-
-        if host_embeddings:
-            raise ValueError("the bench's random torso has no per-layer embedding table (host_embeddings)")
-        config = AutoConfig.from_pretrained(path)
-        lm = random_lm(config, init_device(device), dtype, attn_implementation)
-        torso = decider_model.text_decoder(lm)
-        weight = lm.get_output_embeddings().weight.detach() if keep_lm_head else None
-        text = getattr(lm.config, "text_config", lm.config)
-        return torso, weight, getattr(text, "final_logit_softcapping", None)
-
-    decider_model.load_torso = load_random_torso
-    try:
-        yield
-    finally:
-        decider_model.load_torso = original
-
-
-# --- Gated DeltaNet dispatch --------------------------------------------------------------------------
-def _dispatch(fn: Callable) -> tuple[Callable | None, Callable | None]:
-    """``(implementation, torch_function)`` behind transformers' kernel-fallback wrapper, or Nones."""
-    seen = set()
-    while fn is not None and id(fn) not in seen:
-        seen.add(id(fn))
-        try:
-            nonlocals = inspect.getclosurevars(fn).nonlocals
-        except (TypeError, ValueError):
-            nonlocals = {}
-        if "implementation" in nonlocals:
-            return nonlocals["implementation"], nonlocals.get("torch_function")
-        fn = getattr(fn, "__wrapped__", None)
-    return None, None
-
-
-def _path_name(impl: Callable | None, default: str = "unknown") -> str:
-    module = getattr(impl, "__module__", "") or ""
-    if impl is None:
-        return default
-    return module.split(".")[0] if not module.startswith("transformers") else "torch"
-
-
-def _probe_backward(fn: Callable, device: str) -> str | None:
-    """None when a small chunked gated-delta-rule forward + backward runs, else the error."""
-    try:
-        g = torch.Generator(device=device).manual_seed(0)
-        shape = (1, 128, 2, 64)
-        q, k, v = (torch.randn(shape, device=device, dtype=torch.bfloat16, generator=g).requires_grad_()
-                   for _ in range(3))
-        decay = -torch.rand(shape[:3], device=device, generator=g)
-        beta = torch.rand(shape[:3], device=device, dtype=torch.bfloat16, generator=g)
-        out = fn(q, k, v, g=decay, beta=beta, initial_state=None, output_final_state=False,
-                 use_qk_l2norm_in_kernel=True)
-        out = out[0] if isinstance(out, tuple) else out
-        out.float().sum().backward()
-        sync(device)
-        return None
-    except Exception as e:
-        return f"{type(e).__name__}: {str(e)[:300]}"
-
-
-@contextlib.contextmanager
-def gated_deltanet(device: str, *, compile: bool = False, compile_backend: str = "inductor",
-                   force_torch: bool = False) -> Iterator[dict[str, Any]]:
-    """Detect (and where needed switch) the Qwen3.5 Gated DeltaNet path; yields the facts for the JSON."""
-    import transformers.models.qwen3_5.modeling_qwen3_5 as m
-
-    original = m.torch_chunk_gated_delta_rule
-    impl, torch_fn = _dispatch(original)
-    if impl is None and getattr(original, "__module__", "") == m.__name__:  # no dispatch wrapper: plain torch
-        impl = torch_fn = original
-    conv_impl, _ = _dispatch(m.causal_conv1d_fn)
-    info: dict[str, Any] = {"chunk_gated_delta_rule": _path_name(impl), "causal_conv1d": _path_name(conv_impl),
-                            "fla_backward_error": None, "compiled": False}
-    use_torch = force_torch
-    if info["chunk_gated_delta_rule"] == "fla" and not force_torch:
-        err = _probe_backward(original, device) if device.startswith("cuda") else "not probed on a CPU"
-        info["fla_backward_error"] = err
-        use_torch = err is not None
-    target = original  # the dispatch wrapper: fla's kernel (or whatever transformers picked)
-    if use_torch or info["chunk_gated_delta_rule"] == "torch":
-        if torch_fn is None:
-            raise RuntimeError("cannot find transformers' torch chunk_gated_delta_rule behind its dispatch wrapper")
-        info["chunk_gated_delta_rule"] = "torch"
-        info["switched_to_torch"] = use_torch
-        params = tuple(inspect.signature(torch_fn).parameters)
-        fn = torch_fn
-        if compile:
-            dyn = torch._dynamo.config
-            for knob in ("recompile_limit", "cache_size_limit"):  # one per distinct length / grad mode
-                if hasattr(dyn, knob):
-                    setattr(dyn, knob, max(getattr(dyn, knob), 64))
-            fn = torch.compile(torch_fn, backend=compile_backend)
-            info["compiled"] = True
-            info["compile_backend"] = compile_backend
-
-        def target(*args, **kwargs):  # the dispatch wrapper's kwarg filter, without its dispatch
-            return fn(*args, **{k: v for k, v in kwargs.items() if k in params})
-    elif compile:
-        info["compile_note"] = "--compile ignored: the chunked rule runs fla's kernel, not the torch fallback"
-    calls = [0]
-
-    def counted(*args, **kwargs):  # proof that the layers called the path named here
-        calls[0] += 1
-        return target(*args, **kwargs)
-
-    m.torch_chunk_gated_delta_rule = counted
-    try:
-        yield info
-    finally:
-        m.torch_chunk_gated_delta_rule = original
-        info["calls"] = calls[0]
-
-
 # --- label --------------------------------------------------------------------------------------------
-class TimedModel:
-    """Calls the model and adds the synchronized seconds of each call to ``seconds``."""
-
-    def __init__(self, model, device: str) -> None:
-        self.model, self.device, self.seconds = model, device, 0.0
-
-    def __call__(self, *args, **kwargs):
-        sync(self.device)
-        start = time.perf_counter()
-        out = self.model(*args, **kwargs)
-        sync(self.device)
-        self.seconds += time.perf_counter() - start
-        return out
-
-
 def bench_label(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
     from hobson.labels import label_rows, plan_batches
     from hobson.labels.lm_scorer import LMOptionScorer
@@ -449,8 +268,7 @@ def bench_label(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
     warm = [rows[i] for b in batches[:2] + batches[-1:] for i in b]
     label_rows(warm, scorer, out=str(out_dir / "warm.jsonl"), max_batch_tokens=args.max_batch_tokens,
                max_batch_rows=args.max_batch_rows)
-    timed = TimedModel(model, device)
-    scorer.model = timed
+    forward_before = scorer.forward_seconds  # the scorer's own clock: the warm-up's forwards are not counted
     log(f"label: batched labeller on {len(rows)} rows ({len(batches)} batches)")
     sync(device)
     start = time.perf_counter()
@@ -458,7 +276,7 @@ def bench_label(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
                         max_batch_rows=args.max_batch_rows)
     sync(device)
     batched_s = time.perf_counter() - start
-    scorer.model = model
+    model_s = scorer.forward_seconds - forward_before
     batched_probs = {}
     with open(shard_paths(str(out_dir / "labels.jsonl"), 0, 1)[0], encoding="utf-8") as f:
         for line in f:
@@ -508,8 +326,8 @@ def bench_label(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
         "max_row_tokens": max(lengths), "max_batch_tokens": args.max_batch_tokens,
         "max_batch_rows": args.max_batch_rows, "batches": len(batches),
         "padding_share": round(1 - total_tokens / padded, 4),
-        "batched": {"wall_s": round(batched_s, 3), "model_s": round(timed.seconds, 3),
-                    "model_only_tokens_per_s": round(total_tokens / timed.seconds, 1),
+        "batched": {"wall_s": round(batched_s, 3), "model_s": round(model_s, 3),
+                    "model_only_tokens_per_s": round(total_tokens / model_s, 1),
                     "rows_per_s": round(len(rows) / batched_s, 2), "tokens_per_s": round(batched_tps, 1),
                     "tflops_2n": round(2 * n_mm * batched_tps / 1e12, 2), "shard_rows": result.rows},
         "naive": {"rows": len(naive_idx), "tokens": naive_tokens, "wall_s": round(naive_s, 3),
@@ -526,7 +344,7 @@ def bench_label(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
     }
     if device == "cuda":
         fig["peak_alloc_gib"] = gib(torch.cuda.max_memory_allocated())
-    del model, scorer, timed
+    del model, scorer
     release(device)
     print_table(f"label: Qwen3-4B-shaped teacher ({shape}, {device}, {fig['dtype']})", [
         ("rows / real tokens / mean tokens per row", f"{len(rows)} / {total_tokens} / {fig['mean_row_tokens']}"),
@@ -545,12 +363,6 @@ def bench_label(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
     return fig
 
 
-def release(device: str) -> None:
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
-
-
 # --- FLOPs --------------------------------------------------------------------------------------------
 def matmul_params(module: torch.nn.Module, lora: bool = False) -> int:
     """Weights of the nn.Linear layers under ``module``: the base layers, or (``lora``) the LoRA A/B."""
@@ -561,14 +373,14 @@ def matmul_params(module: torch.nn.Module, lora: bool = False) -> int:
     return total
 
 
-def flops_per_token(config, n_mm: int, n_lora: int, lengths: list[int], *, frozen_forward: bool,
+def flops_per_token(config, n_mm: int, n_lora: int, *, mean_context: float, frozen_forward: bool,
                     recompute: bool) -> dict[str, float]:
-    """The module docstring's F, B, K terms per real token for rows of ``lengths`` real tokens."""
+    """The module docstring's F, B, K terms per real token; ``mean_context`` = the positions a real
+    token attends to, on average (the recipe's ``attended_pairs / tokens``)."""
     kinds = list(getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers)
     n_full = sum(k == "full_attention" for k in kinds)
     n_linear = sum(k == "linear_attention" for k in kinds)
-    tokens = sum(lengths)
-    ctx = sum(L * (L + 1) / 2 for L in lengths) / tokens  # mean attended positions per token
+    ctx = mean_context
     attn = n_full * 4 * config.num_attention_heads * config.head_dim * ctx
     gdn = 0.0
     if n_linear:
@@ -611,7 +423,8 @@ def train_overrides(args: argparse.Namespace, ws: Workspace, out: Path, *, bf16:
     over = [f"base_model={json.dumps(str(base))}", f"tokenizer={json.dumps(str(tokdir))}",
             f"train_files={json.dumps([str(corpus)])}", f"teacher_files={json.dumps([str(teacher)])}",
             "val_file=null", f"output_dir={json.dumps(str(out / 'out'))}", "resume=false", "checkpoint_every=0",
-            "log_every=1000000", f"device={args.device}", f"bf16={'true' if bf16 else 'false'}"]
+            "log_every=1000000", f"device={args.device}", f"bf16={'true' if bf16 else 'false'}",
+            "torso_init=random", f"gated_delta_rule={args.gdn}"]
     if args.device == "cpu":
         over.append(f"num_threads={args.threads}")
     return over + list(args.set)
@@ -638,73 +451,51 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
     log(f"train: dense matmul peak {peak['tflops']} TFLOP/s ({peak['dtype']}, {peak['size']}^3)")
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    with gated_deltanet(device, compile=args.compile, compile_backend=args.compile_backend,
-                        force_torch=args.gdn == "torch") as gdn, random_torso_loader(device), \
-            stdout_to_stderr(), threads(None):
-        log(f"train: Gated DeltaNet path {gdn}")
-        recipe = DeciderTrainRecipe(cfg)
+    per_step: list[Any] = []  # StepStats, one per optimizer step
+    prof: dict[str, Any] = {}
+
+    def on_step(stats) -> None:  # the recipe's per-step hook
+        per_step.append(stats)
+        if args.profile and len(per_step) == warmup + steps:  # the profiled steps follow the timed ones
+            prof["cm"] = common.profiled(device)
+            prof["p"] = prof["cm"].__enter__()
+            prof["t0"] = time.perf_counter()
+        elif "cm" in prof and len(per_step) == warmup + steps + args.profile:
+            wall = time.perf_counter() - prof["t0"]
+            prof.pop("cm").__exit__(None, None, None)
+            prof["summary"] = common.summarize(prof.pop("p"), steps=args.profile, wall_s=wall)
+
+    with stdout_to_stderr(), threads(None):
+        recipe = DeciderTrainRecipe(cfg, on_step=on_step)
         try:
             setup_start = time.perf_counter()
             recipe.setup()
             setup_s = time.perf_counter() - setup_start
+            log(f"train: Gated DeltaNet path {recipe.kernels}")
             torso = recipe.model.torso
             n_base = sum(p.numel() for n, p in torso.named_parameters() if "lora_" not in n)
             n_mm, n_lora = matmul_params(torso), matmul_params(torso, lora=True)
             n_trainable = sum(p.numel() for p in recipe.params)
             log(f"train: torso {count(n_base)} parameters ({count(n_mm)} matmul, non-embedding), "
                 f"trainable {count(n_trainable)}; {warmup} warm-up + {steps} timed steps")
-            per_step: list[dict[str, Any]] = []
-            current = {"rows": 0, "tokens": 0, "padded": 0, "lengths": []}
-            collate = recipe.collator.collate
-
-            def counting(rows):
-                batch = collate(rows)
-                current["rows"] += len(rows)
-                current["padded"] += batch.padded_tokens
-                lens = batch.attention_mask.sum(dim=1).tolist()
-                current["tokens"] += sum(lens)
-                current["lengths"].extend(lens)
-                return batch
-
-            recipe.collator.collate = counting
-            step_fn = recipe._train_step
-            prof: dict[str, Any] = {}
-
-            def timed_step(step, micro):
-                if args.profile and len(per_step) == warmup + steps:  # the profiled steps follow the timed ones
-                    prof["cm"] = gpu_profile.profiled(device)
-                    prof["p"] = prof["cm"].__enter__()
-                    prof["t0"] = time.perf_counter()
-                result = step_fn(step, micro)
-                sync(device)
-                per_step.append({**current, "t": time.perf_counter()})
-                current.update(rows=0, tokens=0, padded=0, lengths=[])
-                if "cm" in prof and len(per_step) == warmup + steps + args.profile:
-                    wall = time.perf_counter() - prof["t0"]
-                    prof.pop("cm").__exit__(None, None, None)
-                    prof["summary"] = gpu_profile.summarize(prof.pop("p"), steps=args.profile, wall_s=wall)
-                return result
-
-            recipe._train_step = timed_step
-            start = time.perf_counter()
             recipe.train()
-            sync(device)
-            per_step.insert(0, {"t": start})
         finally:
             recipe.cleanup()
-    done = per_step[1: 1 + warmup + steps]
+    gdn = recipe.kernels.as_dict() if recipe.kernels else {"chunk_gated_delta_rule": "none (no Gated DeltaNet "
+                                                                                     "layers)", "calls": 0}
+    done = per_step[: warmup + steps]
     if len(done) <= warmup:
         raise RuntimeError(f"only {len(done)} steps ran (warm-up {warmup}); the corpus is too small for --steps")
     window = done[warmup:]
-    wall = window[-1]["t"] - done[warmup - 1]["t"] if warmup else window[-1]["t"] - per_step[0]["t"]
-    warmup_s = (done[warmup - 1]["t"] - per_step[0]["t"]) if warmup else 0.0
-    rows = sum(s["rows"] for s in window)
-    tokens = sum(s["tokens"] for s in window)
-    padded = sum(s["padded"] for s in window)
-    lengths = [L for s in window for L in s["lengths"]]
+    wall = sum(s.seconds for s in window)
+    warmup_s = sum(s.seconds for s in done[:warmup])
+    rows = sum(s.rows for s in window)
+    tokens = sum(s.tokens for s in window)
+    padded = sum(s.padded_tokens for s in window)
+    mean_context = sum(s.attended_pairs for s in window) / tokens
     tps, ptps = tokens / wall, padded / wall
     frozen_forward = cfg.use_lora and cfg.kl_frozen_weight > 0 and not cfg.precompute_frozen_kl
-    fl = flops_per_token(torso.config, n_mm, n_lora, lengths, frozen_forward=frozen_forward,
+    fl = flops_per_token(torso.config, n_mm, n_lora, mean_context=mean_context, frozen_forward=frozen_forward,
                          recompute=cfg.gradient_checkpointing)
     peak_flops = peak["tflops"] * 1e12
     fig = {
@@ -747,10 +538,9 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
         ("torso parameters / matmul (non-embedding) / trainable",
          f"{count(n_base)} / {count(n_mm)} / {count(n_trainable)}"),
         ("Gated DeltaNet path (chunked rule / conv)",
-         f"{gdn['chunk_gated_delta_rule']}{' + torch.compile' if gdn['compiled'] else ''} ({gdn['calls']} calls)"
-         f" / {gdn['causal_conv1d']}"
-         + (" (fla backward failed: switched to torch)" if gdn.get("switched_to_torch") and
-            gdn.get("fla_backward_error") else "")),
+         f"{gdn['chunk_gated_delta_rule']}{' + torch.compile' if gdn.get('compiled') else ''} ({gdn['calls']} calls)"
+         f" / {gdn.get('causal_conv1d')}" + (" (fla backward failed: torch instead)" if gdn.get("fla_backward_error")
+                                             else "")),
         ("micro-batch x accum / gradient checkpointing / frozen forward",
          f"{cfg.micro_batch_size} x {cfg.grad_accum} / {cfg.gradient_checkpointing} / {frozen_forward}"),
         ("timed steps / wall s (warm-up s)", f"{len(window)} / {fig['wall_s']} ({fig['warmup_s']})"),
@@ -762,14 +552,13 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
         ("peak memory allocated GiB", fig.get("peak_alloc_gib", "n/a (CPU)")),
     ])
     if "profile" in fig:
-        gpu_profile.print_summary(f"train, {args.profile} steps after the timed ones", fig["profile"])
+        common.print_summary(f"train, {args.profile} steps after the timed ones", fig["profile"])
     return fig
 
 
 # --- ddp ----------------------------------------------------------------------------------------------
 def bench_ddp(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
     from hobson.decider.config import load_train_config
-    from hobson.decider.train import recipe_main
 
     device, nproc = args.device, 2
     if device == "cuda" and torch.cuda.device_count() < nproc:
@@ -790,9 +579,8 @@ def bench_ddp(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    with gated_deltanet(device, force_torch=args.gdn == "torch") as gdn, random_torso_loader(device), \
-            stdout_to_stderr(), threads(None):
-        rc = recipe_main(load_train_config(args.config, runs["one"]))
+    with stdout_to_stderr(), threads(None):
+        rc, gdn = train_once(load_train_config(args.config, runs["one"]))
     one_s = time.perf_counter() - start
     if rc != 0:
         raise RuntimeError(f"the one-process run exited {rc}")
@@ -804,7 +592,7 @@ def bench_ddp(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
 
     spec = root / "two" / "spec.json"
     write_json_atomic(spec, {"config": str(args.config), "overrides": runs["two"], "device": device,
-                             "gdn": args.gdn, "out": str(root / "two")})
+                             "out": str(root / "two")})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            str(Path(__file__).resolve()), "ddp-worker", "--spec", str(spec)]
     env = dict(os.environ)  # the workers run this file: bench/ is their sys.path[0], hobson is installed
@@ -878,18 +666,29 @@ def compare_runs(one: Path, two: Path, steps: int) -> dict[str, Any]:
             "rendering_equal": rendering_equal}
 
 
+def train_once(cfg) -> tuple[int, dict[str, Any]]:
+    """``recipe_main`` that also returns the recipe's Gated DeltaNet report (``recipe.kernels``)."""
+    from hobson.decider.train import DeciderTrainRecipe
+
+    recipe = DeciderTrainRecipe(cfg)
+    try:
+        recipe.setup()
+        rc = recipe.train()
+    finally:
+        recipe.cleanup()
+    return rc, recipe.kernels.as_dict() if recipe.kernels else {}
+
+
 def ddp_worker(spec_path: str) -> int:
     """One torchrun rank: the recipe with the random torso; writes ``rank<R>.json`` (memory, wall)."""
     from hobson.decider.config import load_train_config
-    from hobson.decider.train import recipe_main
 
     spec = json.loads(Path(spec_path).read_text())
     device, rank = spec["device"], int(os.environ.get("RANK", "0"))
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     start = time.perf_counter()
-    with gated_deltanet(device, force_torch=spec["gdn"] == "torch") as gdn, random_torso_loader(device):
-        rc = recipe_main(load_train_config(spec["config"], spec["overrides"]))
+    rc, gdn = train_once(load_train_config(spec["config"], spec["overrides"]))
     rec: dict[str, Any] = {"rank": rank, "wall_s": round(time.perf_counter() - start, 2), "rc": rc,
                            "gated_deltanet": gdn}
     if device == "cuda":
@@ -926,14 +725,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument("--steps", type=int, default=None, help="timed optimizer steps (official 20)")
     g.add_argument("--warmup", type=int, default=None, help="untimed optimizer steps first (official 3)")
     g.add_argument("--peak-size", type=int, default=None, help="matmul size of the peak measurement (official 8192)")
-    g.add_argument("--compile", action="store_true",
-                   help="torch.compile the torch fallback's chunked gated delta rule (give --warmup room to compile)")
-    g.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
     g.add_argument("--profile", type=int, default=0, metavar="N",
                    help="after the timed steps, run N more under torch.profiler and print where the time goes")
-    g.add_argument("--gdn", choices=["auto", "torch"], default="auto",
-                   help="auto: whatever transformers dispatches to (fla when it imports and its backward works); "
-                        "torch: force the torch fallback")
+    g.add_argument("--gdn", choices=["auto", "torch", "compiled"], default="auto",
+                   help="the training config's gated_delta_rule: auto (fla when it imports and its backward works, "
+                        "else torch), torch (the torch fallback), compiled (it under torch.compile; give --warmup "
+                        "room to compile)")
     g.add_argument("--ddp-steps", type=int, default=None, help="optimizer steps of each ddp run (official 4)")
     g.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
                    help="ddp precision (default fp32: the precision of the CPU test's bound)")
@@ -962,7 +759,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_parts(args: argparse.Namespace, argv: list[str] | None) -> int:
     parts = ["label", "train", "ddp"] if args.command == "all" else [args.command]
-    result: dict[str, Any] = {"environment": environment(args.device), "command": args.command,
+    result: dict[str, Any] = {"environment": common.environment(args.device), "command": args.command,
                               "argv": sys.argv[1:] if argv is None else list(argv)}
     with contextlib.ExitStack() as stack:
         root = Path(args.workdir) if args.workdir else Path(stack.enter_context(
@@ -986,7 +783,7 @@ def run_parts(args: argparse.Namespace, argv: list[str] | None) -> int:
             log(f"{part}: {walls[part]} s")
             result[part] = fig
             if args.json:  # after every part, so a later failure keeps what was measured
-                write_json_atomic(args.json, result)
+                common.write_json(args.json, result)
     print_table("wall seconds per part", [(k, f"{v}{' (FAILED)' if k in failed else ''}") for k, v in walls.items()])
     return 1 if failed else 0
 

@@ -36,8 +36,9 @@ import sys
 import time
 from pathlib import Path
 
-import gpu_profile
+import common
 import torch
+from common import best, log, release, sync, write_json
 
 from hobson.models import PROVIDERS, tiny_config
 from hobson.models.common import KVCache
@@ -52,15 +53,6 @@ RL_DTYPE = {"huginn_raven": torch.float16, "nanbeige": torch.float32}
 RL_PRECISION = {"huginn_raven": "fp16", "nanbeige": "fp32"}
 REFERENCE_HUGINN = {"prefill_tok_s": 3163, "decode_tok_s": 69, "decode_ms": 231, "fwd_bwd_tok_s": 2634}
 ALGORITHMS = ("grpo", "ppo", "dppo", "flow-dppo")
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def sync(device: str) -> None:
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def config_for(kind: str, size: str):
@@ -135,22 +127,12 @@ def part_rollout(args, res: dict) -> None:
         e.serve(model, 0, "bench")  # a bench shortcut: no publication needed
         return e
 
-    def timed(fn, repeat: int = 2) -> float:
-        best = float("inf")
-        for _ in range(repeat):
-            sync(dev)
-            t0 = time.perf_counter()
-            fn()
-            sync(dev)
-            best = min(best, time.perf_counter() - t0)
-        return best
-
     plist = prompts.tolist()
     for name, graphs in (("native engine (CUDA graphs)", True), ("native engine (eager)", False)):
         e = engine(graphs)
         e.generate(plist[:2], seeds[:2], T, 4)  # warm-up
-        prefill = timed(lambda e=e: e.generate(plist, seeds, T, 1))
-        total = timed(lambda e=e: e.generate(plist, seeds, T, N))
+        prefill = best(lambda e=e: e.generate(plist, seeds, T, 1), 2, dev)
+        total = best(lambda e=e: e.generate(plist, seeds, T, N), 2, dev)
         rows[name] = {"seconds": total, "prefill_s": prefill}
         log(f"{name}: {B * N / total:.1f} tok/s")
     ids = prompts.to(dev)
@@ -158,8 +140,8 @@ def part_rollout(args, res: dict) -> None:
         model.fuse_projections(False)  # the baseline keeps the model's own separate projections
     with torch.no_grad():
         hf_style_generate(model, ids[:2], seeds[:2], 4, T)
-        prefill = timed(lambda: hf_style_generate(model, ids, seeds, 1, T))
-        total = timed(lambda: hf_style_generate(model, ids, seeds, N, T))
+        prefill = best(lambda: hf_style_generate(model, ids, seeds, 1, T), 2, dev)
+        total = best(lambda: hf_style_generate(model, ids, seeds, N, T), 2, dev)
     rows["plain HF-style generate"] = {"seconds": total, "prefill_s": prefill}
     base = rows["plain HF-style generate"]
     for r in rows.values():
@@ -198,8 +180,7 @@ def part_rollout(args, res: dict) -> None:
                   f"{out['fwd_bwd']['tokens_per_s']:.0f} tok/s (reference {ref['fwd_bwd_tok_s']})")
     res["rollout"] = out
     model = None
-    if dev.startswith("cuda"):
-        torch.cuda.empty_cache()
+    release(dev)
 
 
 def profile_rollout(e: NativeEngine, model, plist, ids, seeds, N: int, T: float, dev: str) -> dict:
@@ -209,13 +190,13 @@ def profile_rollout(e: NativeEngine, model, plist, ids, seeds, N: int, T: float,
     for name, fn in (("native engine (CUDA graphs)", lambda: e.generate(plist, seeds, T, N)),
                      ("plain HF-style generate", lambda: hf_style_generate(model, ids, seeds, N, T))):
         sync(dev)
-        with torch.no_grad(), gpu_profile.profiled(dev) as prof:
+        with torch.no_grad(), common.profiled(dev) as prof:
             t0 = time.perf_counter()
             fn()
             sync(dev)
             wall = time.perf_counter() - t0
-        out[name] = gpu_profile.summarize(prof, steps=N, wall_s=wall)
-        gpu_profile.print_summary(f"rollout, {name}, per generated token ({N} steps incl. prefill)", out[name])
+        out[name] = common.summarize(prof, steps=N, wall_s=wall)
+        common.print_summary(f"rollout, {name}, per generated token ({N} steps incl. prefill)", out[name])
     return out
 
 
@@ -411,7 +392,7 @@ def print_resume(e: dict) -> None:
 
 def write(args, res: dict) -> None:
     if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1, default=str))
+        write_json(args.json, res)
 
 
 def main() -> None:

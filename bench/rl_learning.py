@@ -17,13 +17,14 @@ Goal: every pair improves with p < 0.01.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
+
+from common import write_json
 
 from hobson.rl import arithmetic
 from hobson.rl.evaluate import plot_curves
@@ -72,9 +73,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['regressed']} | {r['p']:.2g} | {'yes' if r['p'] < 0.01 else 'NO'} | {r['rl_seconds']:.0f} |")
     print(f"\n{sum(r['p'] < 0.01 for r in rows)} of {len(rows)} pairs improve with p < 0.01; "
           f"whole bench {total:.0f} s (start checkpoints included)")
-    (out / "rl_learning.json").write_text(json.dumps(
-        {"rows": rows, "curves": {k: [asdict(v) for v in c] for k, c in curves.items()}, "seconds": total},
-        indent=2) + "\n")
+    write_json(out / "rl_learning.json",
+               {"rows": rows, "curves": {k: [asdict(v) for v in c] for k, c in curves.items()}, "seconds": total})
     plot_curves(curves, out / "rl_learning.png")
     print(f"wrote {out / 'rl_learning.json'} and {out / 'rl_learning.png'}")
     return 0

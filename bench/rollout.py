@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 
 import torch
+from common import timed
 
 from hobson.models import get_provider, tiny_config
 from hobson.rollout import publication
@@ -128,12 +128,6 @@ def vllm_generate(cfg, prompts, seeds, new_tokens, device) -> tuple[float, int]:
             return timed(lambda: sum(len(c.tokens) for c in engine.generate(prompts, seeds, 0.8, new_tokens)))
         finally:
             engine.close()
-
-
-def timed(fn) -> tuple[float, int]:
-    t0 = time.perf_counter()
-    n = fn()
-    return time.perf_counter() - t0, n
 
 
 def main() -> None:

@@ -37,6 +37,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common import best_ms
+
 from hobson.launch import dag, status
 from hobson.launch.backends.base import scrubbed_environ
 from hobson.launch.backends.slurm import SlurmBackend, max_array_size
@@ -125,15 +127,6 @@ class Row:
     @property
     def plain_extrapolated(self) -> bool:
         return self.plain_calls < self.jobs
-
-
-def best_ms(fn, repeat: int = 3) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1000 * min(times)
 
 
 def read_record(paths: RunPaths) -> None:

@@ -5,10 +5,10 @@
 Runs the training recipe three times for ``--steps`` optimizer steps on this device (one process):
 micro-batches grouped by token length (``length_group_by=tokens``, the default), grouped by the
 character proxy (``length_group_by=chars``, the only key of earlier versions), and not grouped
-(``length_group_chunk=1``: micro-batches in shuffled order). Reports for each: wall seconds of the
-steps (model load and setup excluded), rows/s, real tokens/s, padded tokens/s and the padding
-share, plus rows/s ratios against the other two, as one JSON object on stdout. Outputs go to a
-temp dir.
+(``length_group_chunk=1``: micro-batches in shuffled order). Reports for each, from the recipe's
+``on_step`` hook: wall seconds of the steps (the sum of their seconds: model load and setup
+excluded), rows/s, real tokens/s, padded tokens/s and the padding share, plus rows/s ratios
+against the other two, as one JSON object on stdout. Outputs go to a temp dir.
 """
 
 from __future__ import annotations
@@ -17,38 +17,28 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 
 from hobson.decider.config import load_train_config
-from hobson.decider.train import DeciderTrainRecipe
+from hobson.decider.train import DeciderTrainRecipe, StepStats
 
 
 def run(config: str, overrides: list[str], steps: int) -> dict:
+    """One recipe run of ``steps`` steps; the figures come from the recipe's ``on_step`` hook."""
+    seen: list[StepStats] = []
     with tempfile.TemporaryDirectory() as out:
         cfg = load_train_config(config, [*overrides, f"output_dir={out}", f"stop_after_steps={steps}",
                                          "resume=false", "val_file=null", "checkpoint_every=0", "log_every=1000000"])
-        recipe = DeciderTrainRecipe(cfg)
+        recipe = DeciderTrainRecipe(cfg, on_step=seen.append)
         try:
             recipe.setup()
-            counts = {"rows": 0, "tokens": 0, "padded": 0}
-            collate = recipe.collator.collate
-
-            def counting(rows):
-                batch = collate(rows)
-                counts["rows"] += len(rows)
-                counts["tokens"] += int(batch.attention_mask.sum())
-                counts["padded"] += batch.padded_tokens
-                return batch
-
-            recipe.collator.collate = counting
-            start = time.perf_counter()
             recipe.train()
-            wall = time.perf_counter() - start
         finally:
             recipe.cleanup()
-    return {"wall_s": round(wall, 3), "rows": counts["rows"], "rows_per_s": round(counts["rows"] / wall, 2),
-            "tokens_per_s": round(counts["tokens"] / wall, 1), "padded_tokens_per_s": round(counts["padded"] / wall, 1),
-            "padding_share": round(1 - counts["tokens"] / max(counts["padded"], 1), 4)}
+    wall = sum(s.seconds for s in seen)
+    rows, tokens, padded = (sum(getattr(s, k) for s in seen) for k in ("rows", "tokens", "padded_tokens"))
+    return {"wall_s": round(wall, 3), "rows": rows, "rows_per_s": round(rows / wall, 2),
+            "tokens_per_s": round(tokens / wall, 1), "padded_tokens_per_s": round(padded / wall, 1),
+            "padding_share": round(1 - tokens / max(padded, 1), 4)}
 
 
 def main(argv: list[str] | None = None) -> int:

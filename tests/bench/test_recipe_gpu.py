@@ -1,8 +1,9 @@
 """``bench/recipe_gpu.py`` keeps working: the published shapes, and every part at ``--shape tiny`` on a CPU.
 
 The GPU figures come from the same code at ``--shape official --device cuda``; here the tiny run
-goes through the real labeller, the real training recipe (random Qwen3.5 torso, torch Gated
-DeltaNet path) and a real 2-rank torchrun (gloo), and the JSON must hold every figure.
+goes through the real labeller, the real training recipe (``torso_init: random`` Qwen3.5 torso,
+the torch Gated DeltaNet path, per-step figures from its ``on_step`` hook) and a real 2-rank
+torchrun (gloo), and the JSON must hold every figure.
 """
 
 from __future__ import annotations
@@ -46,11 +47,11 @@ def test_official_shapes_are_the_published_models(rg):
     assert sum(p.numel() for p in teacher.parameters()) == 4_022_468_096
     n_mm = rg.matmul_params(torso.base_model)
     assert n_mm == 1_372_717_056  # embeddings excluded
-    fl = rg.flops_per_token(torso.config, n_mm, 0, [63, 63], frozen_forward=True, recompute=True)
+    fl = rg.flops_per_token(torso.config, n_mm, 0, mean_context=32, frozen_forward=True, recompute=True)
     assert fl["forward"] == 2 * n_mm + fl["attention_core"] + fl["gated_deltanet_core"]
     assert fl["backward"] == 2 * n_mm + 2 * (fl["attention_core"] + fl["gated_deltanet_core"])
     assert fl["model"] == fl["forward"] + fl["backward"] + fl["frozen_forward"]
-    assert fl["mean_context"] == 32  # (L + 1) / 2 for causal rows of 63 tokens
+    assert fl["mean_context"] == 32  # (L + 1) / 2 for causal rows of 63 tokens: attended_pairs / tokens
     assert fl["attention_core"] == 6 * 4 * 8 * 256 * 32
 
 
@@ -115,52 +116,11 @@ def test_train_profile_tiny_on_cpu(rg, tmp_path, capsys):
 
 
 def test_profile_helpers():
-    import sys
+    spec = importlib.util.spec_from_file_location("common", REPO / "bench" / "common.py")
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
 
-    sys.path.insert(0, str(REPO / "bench"))
-    import gpu_profile
-
-    assert gpu_profile._busy_us([(0, 10), (5, 15), (20, 30), (21, 22)]) == 25
-    assert gpu_profile.family("sm90_xmma_gemm_bf16bf16_bf16f32") == "matmul"
-    assert gpu_profile.family("void trsm_left_kernel<float>") == "triangular solve"
-    assert gpu_profile.family("void at::native::vectorized_elementwise_kernel<4, ...>") == "elementwise"
-
-
-def _dispatch_wrapper(implementation, torch_function):
-    """A stand-in for transformers' ``use_kernel_func_from_hub_with_fallback`` wrapper."""
-    def wrapped(*args, **kwargs):
-        if implementation is torch_function:
-            return torch_function(*args, **kwargs)
-        return implementation(*args, **kwargs)
-    return wrapped
-
-
-def test_gated_deltanet_detection_and_fla_switch(rg):
-    """The torch fallback is found behind the wrapper; an fla implementation whose backward cannot be
-    vouched for (here: a CPU) is replaced by the torch fallback, and the calls go there."""
-    import transformers.models.qwen3_5.modeling_qwen3_5 as m
-
-    impl, torch_fn = rg._dispatch(m.torch_chunk_gated_delta_rule)
-    assert torch_fn is not None and rg._path_name(impl) in ("torch", "fla")
-    assert rg._probe_backward(torch_fn, "cpu") is None
-
-    def broken_backward(q, k, v, **kwargs):
-        return (q * 2).detach(), None  # no graph: backward raises
-    assert rg._probe_backward(broken_backward, "cpu").startswith("RuntimeError")
-
-    def fla_kernel(*args, **kwargs):
-        raise AssertionError("the fla stand-in must not be called after the switch")
-    fla_kernel.__module__ = "fla.ops.gated_delta_rule.chunk"
-    original = m.torch_chunk_gated_delta_rule
-    m.torch_chunk_gated_delta_rule = _dispatch_wrapper(fla_kernel, torch_fn)
-    try:
-        with rg.gated_deltanet("cpu") as info:
-            q = torch.randn(1, 8, 2, 4)
-            out, _ = m.torch_chunk_gated_delta_rule(q, q, q, g=-torch.rand(1, 8, 2), beta=torch.rand(1, 8, 2),
-                                                    cu_seqlens=None, use_qk_l2norm_in_kernel=True)
-            assert out.shape == (1, 8, 2, 4)
-        assert info["chunk_gated_delta_rule"] == "torch" and info["switched_to_torch"]
-        assert info["fla_backward_error"] == "not probed on a CPU" and info["calls"] == 1
-    finally:
-        m.torch_chunk_gated_delta_rule = original
-    assert m.torch_chunk_gated_delta_rule is original
+    assert common._busy_us([(0, 10), (5, 15), (20, 30), (21, 22)]) == 25
+    assert common.family("sm90_xmma_gemm_bf16bf16_bf16f32") == "matmul"
+    assert common.family("void trsm_left_kernel<float>") == "triangular solve"
+    assert common.family("void at::native::vectorized_elementwise_kernel<4, ...>") == "elementwise"

@@ -22,14 +22,19 @@ KL_DIRECTIONS = ("forward", "reverse")
 LENGTH_KEYS = ("tokens", "chars")
 ON_USR2 = ("exit", "continue")
 DEVICES = ("auto", "cpu", "cuda")
+GATED_DELTA_RULES = ("auto", "torch", "compiled")  # hobson.decider.kernels
+TORSO_INITS = ("pretrained", "random")
 
 # Keys that steer a run but not what it computes: a resumed run may change them. Every other key
 # must equal the checkpoint's, or the resumed run would not continue the same training.
 RUN_CONTROL_KEYS = frozenset({
     "output_dir", "checkpoint_every", "keep_checkpoints", "on_usr2", "stop_after_steps",
     "eval_every", "val_batch_size", "log_every", "num_threads", "resume", "trace_dir", "device",
-    "val_file",
+    "val_file", "gated_delta_rule",
 })
+# Keys added after checkpoints were first written: a checkpoint's config without one was trained
+# with this value (what every run did before the key existed), so resuming it is no conflict.
+ADDED_KEYS = {"torso_init": "pretrained"}
 
 
 @dataclass
@@ -75,6 +80,9 @@ class TrainConfig:
     gradient_checkpointing: bool = False
     bf16: bool = False  # GPU only; CPU runs in fp32
     attn_implementation: str = "sdpa"
+    # pretrained: the weights in base_model. random: base_model's config.json alone, initialised by
+    # from_config under `seed` on the training device (benchmarks and smoke tests: nothing to download).
+    torso_init: str = "pretrained"
     freeze_torso: bool = False  # train the head alone (the LoRA adapter, if any, stays as loaded)
     # Gemma 3n/4: keep the per-layer embedding table in host memory (one process only, no torchrun).
     host_embeddings: bool = False
@@ -122,6 +130,9 @@ class TrainConfig:
     num_threads: int = 0  # torch intra-op threads; 0 leaves torch's default
     resume: bool = True  # continue from the newest checkpoint in output_dir/checkpoints
     device: str = "auto"  # auto: cuda when available
+    # The chunked rule of Gated DeltaNet layers (Qwen3.5): auto (fla's kernel when it imports and its
+    # backward runs here, else torch), torch (the reference function), compiled (it, torch.compile'd).
+    gated_delta_rule: str = "auto"
     trace_dir: str | None = None  # debug: per-step all-reduced gradients and rendered token ids
 
     def __post_init__(self) -> None:
@@ -136,6 +147,10 @@ class TrainConfig:
             problems.append(f"on_usr2 {self.on_usr2!r} is not one of {', '.join(ON_USR2)}")
         if self.device not in DEVICES:
             problems.append(f"device {self.device!r} is not one of {', '.join(DEVICES)}")
+        if self.gated_delta_rule not in GATED_DELTA_RULES:
+            problems.append(f"gated_delta_rule {self.gated_delta_rule!r} is not one of {', '.join(GATED_DELTA_RULES)}")
+        if self.torso_init not in TORSO_INITS:
+            problems.append(f"torso_init {self.torso_init!r} is not one of {', '.join(TORSO_INITS)}")
         for key in ("epochs", "micro_batch_size", "grad_accum", "max_length", "pointer_dim", "num_slots",
                     "head_ensemble", "lora_r", "length_group_chunk", "val_batch_size", "log_every"):
             if getattr(self, key) < 1:
@@ -287,4 +302,5 @@ def resume_conflicts(saved: dict, cfg: TrainConfig) -> list[str]:
     """Keys (outside RUN_CONTROL_KEYS) whose value differs from the checkpoint's config."""
     now = config_to_dict(cfg)
     keys = sorted((set(saved) | set(now)) - RUN_CONTROL_KEYS)
+    saved = {**ADDED_KEYS, **saved}
     return [f"{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}" for k in keys if saved.get(k) != now.get(k)]

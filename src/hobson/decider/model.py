@@ -219,11 +219,25 @@ def _output_to_ids_device(module: nn.Module, args: tuple, output: torch.Tensor) 
 
 
 def load_torso(path: str, *, dtype: torch.dtype, attn_implementation: str, keep_lm_head: bool,
-               host_embeddings: bool = False) -> tuple[nn.Module, torch.Tensor | None, float | None]:
-    """The causal LM's text decoder, its LM head weight if asked, its final-logit soft-cap."""
-    from transformers import AutoModelForCausalLM
+               host_embeddings: bool = False, init: str = "pretrained", seed: int = 0,
+               device: torch.device | str = "cpu") -> tuple[nn.Module, torch.Tensor | None, float | None]:
+    """The causal LM's text decoder, its LM head weight if asked, its final-logit soft-cap.
 
-    lm = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+    ``init="random"`` reads only ``<path>/config.json`` and initialises the model with
+    ``from_config`` under ``torch.manual_seed(seed)``, created on ``device`` (a 2 B model
+    initialises in seconds there, minutes on a CPU): the published shapes without their weights.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if init == "pretrained":
+        lm = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+    elif init == "random":
+        config = AutoConfig.from_pretrained(path)
+        torch.manual_seed(seed)
+        with torch.device(device):
+            lm = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+    else:
+        raise ConfigError(f"torso_init {init!r} is not one of pretrained, random")
     torso = text_decoder(lm)
     weight = lm.get_output_embeddings().weight.detach() if keep_lm_head else None
     config = getattr(lm.config, "text_config", lm.config)
@@ -239,7 +253,8 @@ def build_decider(cfg: Any, tokenizer: Any, device: torch.device | str = "cpu") 
     dtype = torch.bfloat16 if cfg.bf16 else torch.float32
     torso, lm_w, softcap = load_torso(cfg.base_model, dtype=dtype, attn_implementation=cfg.attn_implementation,
                                       keep_lm_head=cfg.kl_frozen_weight > 0 and not cfg.kl_frozen_reference,
-                                      host_embeddings=cfg.host_embeddings)
+                                      host_embeddings=cfg.host_embeddings, init=cfg.torso_init, seed=cfg.seed,
+                                      device=device)
     for p in torso.parameters():
         p.requires_grad_(False)
     if cfg.gradient_checkpointing:

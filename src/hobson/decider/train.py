@@ -17,6 +17,11 @@ same micro-batches, rendered token for token the same, as one process does.
   at the step boundary after a SIGUSR2 (the handler only sets a flag; ranks agree on it through
   the per-step metrics all-reduce), then the run exits with :data:`PREEMPT_EXIT_CODE` or
   continues (``on_usr2``). A fresh process resumes from the newest checkpoint.
+- After every optimizer step the recipe hands ``on_step`` (a constructor argument; benchmarks
+  and tests use it) a :class:`StepStats`: the step's rows, real and padded tokens (every rank's,
+  the numbers one process has) and its wall seconds. TensorBoard gets the same figures.
+- ``gated_delta_rule`` selects the Gated DeltaNet kernel from setup to cleanup
+  (:mod:`hobson.decider.kernels`); :attr:`DeciderTrainRecipe.kernels` says which one ran.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +52,7 @@ from hobson.decider.checkpoint import (
 )
 from hobson.decider.collate import Batch, Collator, to_canonical, token_lengths
 from hobson.decider.config import TrainConfig, config_to_dict, resume_conflicts
+from hobson.decider.kernels import KernelChoice, select_gated_delta_rule
 from hobson.decider.loss import decider_loss, masked_log_softmax
 from hobson.decider.model import Decider, build_decider
 from hobson.decider.sampler import LengthGroupedSampler, assign_micro_batches, row_length
@@ -57,7 +64,23 @@ from hobson.scalars import TensorBoardLog
 
 # EX_TEMPFAIL: "try again later". A job script that sees it requeues instead of failing.
 PREEMPT_EXIT_CODE = 75
-_METRICS = ("loss", "ce", "kl_teacher", "kl_frozen", "correct", "rows", "usr2")
+# Summed over a step's micro-batches, then over ranks (one all-reduce per step).
+_METRICS = ("loss", "ce", "kl_teacher", "kl_frozen", "correct", "rows", "usr2", "tokens", "padded_tokens",
+            "attended_pairs")
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One optimizer step, as ``on_step`` receives it; counts are over every rank's micro-batches."""
+
+    step: int
+    epoch: int
+    rows: int
+    tokens: int  # real tokens (the attention mask's ones)
+    padded_tokens: int  # tokens the forwards computed: rows x the micro-batch's longest row, summed
+    # sum over rows of L * (L + 1) / 2: the (query, key) pairs causal attention scores over real tokens
+    attended_pairs: int
+    seconds: float  # this rank's wall seconds: collation to optimizer step, the device synchronised
 
 
 def read_training_rows(paths: list[str]) -> list[dict[str, Any]]:
@@ -106,8 +129,9 @@ def lr_lambda(total_steps: int, warmup_steps: int, min_lr_ratio: float):
 class DeciderTrainRecipe:
     """``__init__`` fails fast on settings; ``setup``; ``train`` returns the exit code; ``cleanup``."""
 
-    def __init__(self, cfg: TrainConfig) -> None:
+    def __init__(self, cfg: TrainConfig, on_step: Callable[[StepStats], None] | None = None) -> None:
         self.cfg = cfg
+        self.on_step = on_step  # called on every rank after each optimizer step
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -146,6 +170,8 @@ class DeciderTrainRecipe:
             # every rank is between collectives.
             self._old_handler = signal.signal(signal.SIGUSR2, self._on_usr2)
         self._own_process_group = False
+        self._contexts = contextlib.ExitStack()  # held from setup to cleanup (the kernel selection)
+        self.kernels: KernelChoice | None = None
 
     def _on_usr2(self, signum, frame) -> None:
         self._usr2 = True
@@ -206,6 +232,10 @@ class DeciderTrainRecipe:
 
     def _setup_model(self) -> None:
         self.model: Decider = build_decider(self.cfg, self.tokenizer, self.device)
+        self.kernels = self._contexts.enter_context(
+            select_gated_delta_rule(self.model.torso, self.cfg.gated_delta_rule, self.device))
+        if self.kernels is not None:  # only for torsos with Gated DeltaNet layers
+            self._log({"gated_delta_rule": {k: v for k, v in self.kernels.as_dict().items() if k != "calls"}})
         if self.cfg.init_from and self.resume_from is None:  # a resumed run loads its own newer weights instead
             init = load_checkpoint(self.cfg.init_from, trainer_state=False)
             self.model.load_adapter_state(init.adapter)
@@ -310,14 +340,23 @@ class DeciderTrainRecipe:
                 bar.set(step - 1)
             # a fault test's USR2 lands before this step (and ends the hold)
             faults.hold(f"train-step-{step}", until=lambda: self._usr2)
+            start = time.perf_counter()
             sums, grad_norm = self._train_step(step, micro)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # the step's seconds are the device's, not the launches'
+            seconds = time.perf_counter() - start
             self.sampler.advance()
             sums[_METRICS.index("usr2")] = float(self._usr2)
             if self.world_size > 1:
                 sums = sums.to(self.device)  # NCCL reduces device tensors only
                 dist.all_reduce(sums)
             m = dict(zip(_METRICS, sums.tolist(), strict=True))
-            tokens = self._tick[1] + sum(self.lengths[i] for mb in micro for i in mb)
+            stats = StepStats(step=step, epoch=epoch, rows=int(m["rows"]), tokens=int(m["tokens"]),
+                              padded_tokens=int(m["padded_tokens"]), attended_pairs=int(m["attended_pairs"]),
+                              seconds=seconds)
+            if self.on_step is not None:
+                self.on_step(stats)
+            tokens = self._tick[1] + stats.tokens
             self._tick = (self._tick[0], tokens)
             if step % cfg.log_every == 0 or step == self.total_steps:
                 rows = m["rows"]
@@ -328,8 +367,9 @@ class DeciderTrainRecipe:
                 self._log(row)
                 now = time.perf_counter()
                 # timings stay out of the log line (runs are compared by it); TensorBoard gets them
-                self._board(step).add(step, {**row, "tokens_per_s": tokens / max(now - self._tick[0], 1e-9)},
-                                      skip=("step",))
+                timing = {"tokens_per_s": tokens / max(now - self._tick[0], 1e-9), "step_s": seconds,
+                          "padding_share": 1 - stats.tokens / stats.padded_tokens}
+                self._board(step).add(step, {**row, **timing}, skip=("step",))
                 self._tick = (now, 0)
             if cfg.eval_every and step % cfg.eval_every == 0:
                 self._validate(step)
@@ -389,6 +429,10 @@ class DeciderTrainRecipe:
             sums[0] += float(loss.detach())
             for k in ("ce", "kl_teacher", "kl_frozen", "correct", "rows"):
                 sums[_METRICS.index(k)] += float(metrics[k])
+            lengths = [len(ids) for ids in batch.token_ids]  # the attention mask's ones, read on the host
+            sums[_METRICS.index("tokens")] += sum(lengths)
+            sums[_METRICS.index("padded_tokens")] += batch.padded_tokens
+            sums[_METRICS.index("attended_pairs")] += sum(n * (n + 1) // 2 for n in lengths)
         if self.cfg.trace_dir:
             self._trace(step, batches)
         if self.cfg.grad_clip > 0:
@@ -496,6 +540,7 @@ class DeciderTrainRecipe:
         return self._tb
 
     def cleanup(self) -> None:
+        self._contexts.close()
         if self._tb is not None:
             self._tb.close()
         if self._old_handler is not None:
@@ -584,5 +629,5 @@ def _rank_stacks(processes: list, store_dir: str) -> str:
                      for r in range(len(processes)) if Path(store_dir, f"stacks.{r}").exists())
 
 
-__all__ = ["DeciderTrainRecipe", "PREEMPT_EXIT_CODE", "recipe_main", "read_teacher", "read_training_rows",
+__all__ = ["DeciderTrainRecipe", "PREEMPT_EXIT_CODE", "StepStats", "recipe_main", "read_teacher", "read_training_rows",
            "run_local_ranks", "lr_lambda"]

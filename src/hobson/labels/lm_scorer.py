@@ -3,6 +3,10 @@
 Batches are left padded, with position ids counted from each row's first real token, so every
 row's last real token sits at the last position and one logit row per sequence is computed
 (``logits_to_keep=1``) instead of a full-vocabulary logit for every position.
+
+:attr:`LMOptionScorer.forward_seconds` adds up the wall seconds of the model's part of each
+batch (inputs to the device, the forward, the letter logits back on the host), which is how a
+benchmark separates the model from tokenizing, packing and writing.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ class LMOptionScorer:
         # Pad positions are masked out, so any id works when a tokenizer has no pad token.
         self.pad_id = pad if pad is not None else 0
         self._ids: dict[str, Any] = {}
+        # Seconds of every score_batch's device part so far; the copy of the letter logits to the
+        # host waits for the forward, so the clock stops when the device is done (no extra sync).
+        self.forward_seconds = 0.0
 
     def encode(self, row: dict[str, Any]) -> list[int]:
         return self.tokenizer(render_prompt(row))["input_ids"]
@@ -47,6 +54,8 @@ class LMOptionScorer:
         return [len(x) for x in self._encode_many(rows)]
 
     def score_batch(self, rows: Sequence[dict[str, Any]]) -> list[list[float]]:
+        import time
+
         import torch
 
         from hobson.attention import varying_shape_sdpa
@@ -59,6 +68,7 @@ class LMOptionScorer:
             input_ids[k, width - len(x):] = torch.from_numpy(x).long()
             mask[k, width - len(x):] = 1
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        start = time.perf_counter()
         with torch.inference_mode(), varying_shape_sdpa():
             logits = self.model(
                 input_ids=input_ids.to(self.device),
@@ -68,6 +78,7 @@ class LMOptionScorer:
             ).logits[:, -1, :]  # (B, V): the next-token logits after each row's last real token
             # one copy to the host per batch; a softmax per row on the device would wait on it per row
             letters = logits[:, self.letter_ids].float().cpu()  # (B, 26)
+            self.forward_seconds += time.perf_counter() - start
             return [torch.softmax(letters[k, : len(row["options"])], dim=-1).tolist() for k, row in enumerate(rows)]
 
 

@@ -1,20 +1,121 @@
-"""A torch.profiler window summarised as the few numbers that name a bottleneck.
+"""What the bench scripts share: logging, timing, tables, JSON results, and torch.profiler summaries.
 
-Used by ``bench/recipe_gpu.py train --profile N`` and ``bench/rl_gpu.py --profile``: the figures
-say whether the GPU waits for the host (busy share, kernels per step) or the host waits for the
-GPU, and which kernels and host-side ops take the time.
+Every script runs as ``python bench/<name>.py``, so this folder is ``sys.path[0]`` and ``import
+common`` finds this file (nothing edits ``sys.path``). torch is imported inside the functions
+that need it: the launcher benchmarks (``submit.py``, ``merge.py``) never load it.
+
+The profiler part (``profiled``, ``summarize``, ``print_summary``; ``bench/recipe_gpu.py train
+--profile N`` and ``bench/rl_gpu.py --profile``) gives the few numbers that name a bottleneck:
+whether the GPU waits for the host (busy share, kernels per step) or the host waits for the GPU,
+and which kernels and host-side ops take the time.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import gc
+import os
+import platform
 import sys
-from collections.abc import Iterator
-from typing import Any
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from torch.autograd import DeviceType
-from torch.profiler import ProfilerActivity, profile
+from hobson.io import write_json_atomic
 
+if TYPE_CHECKING:
+    from torch.profiler import profile
+
+T = TypeVar("T")
+GiB = 1024 ** 3
+
+
+# --- logging, results ----------------------------------------------------------------------------
+def log(msg: str) -> None:
+    """Progress on stderr (stdout is for the tables), stamped with the script and the time."""
+    print(f"[{Path(sys.argv[0]).stem} {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def print_table(title: str, rows: list[tuple[str, Any]]) -> None:
+    """A two-column markdown table (figure, value) under a ``###`` title."""
+    print(f"\n### {title}\n\n| figure | value |\n| --- | --- |")
+    for k, v in rows:
+        print(f"| {k} | {v} |")
+    sys.stdout.flush()
+
+
+def write_json(path: str | os.PathLike, result: Any) -> None:
+    """The figures, atomically (a reader never sees half a file); values JSON lacks become strings."""
+    import json
+
+    write_json_atomic(path, json.loads(json.dumps(result, default=str)))
+
+
+def gib(n: float) -> float:
+    return round(n / GiB, 3)
+
+
+def environment(device: str) -> dict[str, Any]:
+    """Versions, date, host CPUs and (CUDA) the GPUs: what a result needs to be compared with another."""
+    import torch
+
+    env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
+                           "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+                           "host_cpus": os.cpu_count()}
+    for name in ("transformers", "peft", "triton", "fla", "tilelang", "vllm"):
+        try:
+            env[name] = __import__(name).__version__
+        except Exception:  # absent or broken: say so rather than fail the bench
+            env[name] = None
+    if str(device).startswith("cuda"):
+        env["gpu"] = torch.cuda.get_device_name(0)
+        env["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        env["gpu_count"] = torch.cuda.device_count()
+        env["cuda"] = torch.version.cuda
+    return env
+
+
+# --- timing --------------------------------------------------------------------------------------
+def sync(device: str) -> None:
+    """Wait for the device, so a clock read after it counts the work and not only its launch."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def release(device: str) -> None:
+    """Free what the last part left (Python garbage, then CUDA's cached blocks)."""
+    gc.collect()
+    if str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def timed(fn: Callable[[], T], device: str | None = None) -> tuple[float, T]:
+    """``(seconds, fn())`` of one call; with ``device``, the device's work is waited for on both sides."""
+    if device:
+        sync(device)
+    start = time.perf_counter()
+    out = fn()
+    if device:
+        sync(device)
+    return time.perf_counter() - start, out
+
+
+def best(fn: Callable[[], Any], repeat: int, device: str | None = None) -> float:
+    """The fastest of ``repeat`` calls, in seconds (the least disturbed by the rest of the machine)."""
+    return min(timed(fn, device)[0] for _ in range(repeat))
+
+
+def best_ms(fn: Callable[[], Any], repeat: int = 3) -> float:
+    return 1000 * best(fn, repeat)
+
+
+# --- torch.profiler ------------------------------------------------------------------------------
 # Kernel families by name fragment, first match wins. Enough to tell matmuls from the rest.
 FAMILIES = (
     ("triangular solve", ("trsm", "trsv")),
@@ -38,6 +139,8 @@ def family(name: str) -> str:
 
 @contextlib.contextmanager
 def profiled(device: str) -> Iterator[profile]:
+    from torch.profiler import ProfilerActivity, profile
+
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if str(device).startswith("cuda") else [])
     with profile(activities=acts, record_shapes=False) as prof:
         yield prof
@@ -55,6 +158,8 @@ def _busy_us(intervals: list[tuple[float, float]]) -> float:
 
 def summarize(prof: profile, *, steps: int, wall_s: float, top: int = 12) -> dict[str, Any]:
     """Per-step figures of a profiled window of ``steps`` steps that took ``wall_s`` seconds."""
+    from torch.autograd import DeviceType
+
     events = list(prof.events())
     kernels = [e for e in events if e.device_type == DeviceType.CUDA]
     ops = [e for e in events if e.device_type == DeviceType.CPU and e.name.startswith("aten::")]

@@ -1,0 +1,168 @@
+"""Which chunked gated-delta-rule kernel a torso's Gated DeltaNet layers (Qwen3.5, Qwen3-Next) call.
+
+transformers decides once, at import: fla's chunked kernel when ``fla`` imports, else its
+reference torch function, both behind one dispatch function that every layer looks up by name
+(``torch_chunk_gated_delta_rule``) in its modeling module at call time. There is no per-model
+setting, so :func:`select_gated_delta_rule` sets that name for as long as its context is open
+(the training recipe holds it from setup to cleanup) and puts the original back on exit. The
+setting (``gated_delta_rule`` in the training config):
+
+- ``auto``: transformers' choice; but fla whose forward + backward fails a small probe on this
+  device (fla 0.6 + triton 3.6 on Hopper, any fla on a CPU) is replaced by the torch function.
+- ``torch``: the reference torch function.
+- ``compiled``: the reference torch function under ``torch.compile``.
+
+Every call goes through a counter, so :attr:`KernelChoice.calls` proves the layers ran the path
+the choice names. A torso without such layers is left alone (the context yields ``None``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from hobson.decider.config import GATED_DELTA_RULES
+from hobson.errors import ConfigError
+
+FUNCTION = "torch_chunk_gated_delta_rule"  # the name each Gated DeltaNet layer calls
+CONV = "causal_conv1d_fn"  # reported only: the depthwise conv's dispatch (causal-conv1d or torch)
+
+
+@dataclass
+class KernelChoice:
+    """What :func:`select_gated_delta_rule` chose; ``calls`` counts the layers' calls since."""
+
+    setting: str  # auto | torch | compiled
+    chunk_gated_delta_rule: str  # "fla" or "torch": what the layers call
+    compiled: bool  # the torch function runs under torch.compile
+    causal_conv1d: str  # "causal_conv1d" or "torch" (transformers' choice, never changed here)
+    fla_backward_error: str | None = None  # auto: why fla was not used, when it imports but fails
+    compile_backend: str | None = None
+    calls: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def gated_deltanet_modules(model: torch.nn.Module) -> list[ModuleType]:
+    """The modeling modules whose layers in ``model`` call the chunked rule by name (none for other models)."""
+    names = set()
+    for layer in model.modules():
+        forward = inspect.unwrap(type(layer).forward)  # past transformers' decorators, to the code itself
+        if FUNCTION in getattr(getattr(forward, "__code__", None), "co_names", ()):
+            names.add(type(layer).__module__)
+    return [sys.modules[n] for n in sorted(names) if hasattr(sys.modules.get(n), FUNCTION)]
+
+
+def _implementation(dispatch: Callable) -> Callable | None:
+    """The kernel transformers' dispatch wrapper calls (its closure's ``implementation``), or None."""
+    fn: Callable | None = dispatch
+    while fn is not None:
+        try:
+            found = inspect.getclosurevars(fn).nonlocals.get("implementation")
+        except (TypeError, ValueError):
+            found = None
+        if found is not None:
+            return found
+        fn = getattr(fn, "__wrapped__", None)
+    return None
+
+
+def _kernel_name(impl: Callable | None, torch_fn: Callable) -> str:
+    if impl is None or impl is torch_fn:
+        return "torch"
+    return (getattr(impl, "__module__", "") or "unknown").split(".")[0]
+
+
+def probe_backward(fn: Callable, device: torch.device | str) -> str | None:
+    """None when a small chunked gated-delta-rule forward + backward runs on ``device``, else the error."""
+    g = torch.Generator(device=device).manual_seed(0)
+    shape = (1, 128, 2, 64)
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    try:
+        with torch.enable_grad():  # whatever mode the caller is in: the backward is what is probed
+            q, k, v = (torch.randn(shape, device=device, dtype=dtype, generator=g).requires_grad_() for _ in range(3))
+            decay = -torch.rand(shape[:3], device=device, generator=g)
+            beta = torch.rand(shape[:3], device=device, dtype=dtype, generator=g)
+            out = fn(q, k, v, g=decay, beta=beta, initial_state=None, output_final_state=False,
+                     use_qk_l2norm_in_kernel=True)
+            out = out[0] if isinstance(out, tuple) else out
+            out.float().sum().backward()
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)  # a kernel fault surfaces here, not later in training
+        return None
+    except Exception as e:  # any failure means: do not train on it
+        return f"{type(e).__name__}: {str(e)[:300]}"
+
+
+def _reference(torch_fn: Callable, *, compiled: bool, backend: str) -> Callable:
+    """The torch function called as transformers' wrapper calls it (unknown kwargs dropped)."""
+    params = frozenset(inspect.signature(torch_fn).parameters)
+    fn = torch_fn
+    if compiled:
+        dyn = torch._dynamo.config
+        for knob in ("recompile_limit", "cache_size_limit"):  # one graph per distinct length / grad mode
+            if hasattr(dyn, knob):
+                setattr(dyn, knob, max(getattr(dyn, knob), 64))
+        fn = torch.compile(torch_fn, backend=backend)
+
+    def reference(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("cu_seqlens") is not None:  # the torch function would mix packed rows
+            raise ValueError("packed sequences (cu_seqlens) need fla's kernel; set gated_delta_rule: auto")
+        return fn(*args, **{k: v for k, v in kwargs.items() if k in params})
+    return reference
+
+
+@contextlib.contextmanager
+def select_gated_delta_rule(model: torch.nn.Module, setting: str, device: torch.device | str,
+                            *, compile_backend: str = "inductor") -> Iterator[KernelChoice | None]:
+    """Set the chunked rule ``model``'s Gated DeltaNet layers call, for the block; yields the choice."""
+    if setting not in GATED_DELTA_RULES:
+        raise ConfigError(f"gated_delta_rule {setting!r} is not one of {', '.join(GATED_DELTA_RULES)}")
+    modules = gated_deltanet_modules(model)
+    if not modules:
+        yield None
+        return
+    first = getattr(modules[0], FUNCTION)
+    torch_fn = inspect.unwrap(first)  # functools.wraps: the wrapper's __wrapped__ is the torch function
+    kernel = _kernel_name(_implementation(first), torch_fn)
+    conv = getattr(modules[0], CONV, None)
+    choice = KernelChoice(setting=setting, chunk_gated_delta_rule=kernel, compiled=setting == "compiled",
+                          causal_conv1d=_kernel_name(_implementation(conv), inspect.unwrap(conv)) if conv else "torch",
+                          compile_backend=compile_backend if setting == "compiled" else None)
+    if setting == "auto" and kernel != "torch":
+        choice.fla_backward_error = probe_backward(first, device)
+        if choice.fla_backward_error is not None:
+            choice.chunk_gated_delta_rule = "torch"
+    if setting != "auto":
+        choice.chunk_gated_delta_rule = "torch"
+    originals = {m: getattr(m, FUNCTION) for m in modules}
+
+    def counted(target: Callable) -> Callable:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            choice.calls += 1
+            return target(*args, **kwargs)
+        return call
+
+    try:
+        for m, dispatch in originals.items():
+            # transformers' own path where it stands (auto, the same numbers as without this context)
+            keep = choice.chunk_gated_delta_rule == kernel and not choice.compiled
+            target = dispatch if keep else _reference(inspect.unwrap(dispatch), compiled=choice.compiled,
+                                                      backend=compile_backend)
+            setattr(m, FUNCTION, counted(target))
+        yield choice
+    finally:
+        for m, dispatch in originals.items():
+            setattr(m, FUNCTION, dispatch)
+
+
+__all__ = ["KernelChoice", "gated_deltanet_modules", "probe_backward", "select_gated_delta_rule"]

@@ -77,6 +77,10 @@ HELP: dict[str, str] = {
     "engine_timeout": "seconds a remote engine may take to answer one generate request (default 600)",
     "publish_timeout": "seconds a remote engine may take to load and commit one publication (default 600)",
     "engine_ready_timeout": "seconds to wait for the remote engine's address file and readiness (default 600)",
+    "transport": "how each version reaches the engine: shared-dir (default: written to the run directory, the "
+    "engine loads the files) | dist (from memory: a process group of its own with a rollout server, gloo on "
+    "CPU and NCCL on GPU, or a direct hand-off to an in-process engine; checkpoints then hold the actor)",
+    "weight_bucket_mb": "--transport dist: MiB per broadcast bucket (default 256)",
     "keep_checkpoints": "keep only the newest N checkpoints (0: all); an older one goes once a newer is written",
     "keep_publications": "keep the weights of only the newest N publications (0: all) and of the kept "
     "checkpoints' versions (a checkpoint reads its actor from them); manifests always stay",

@@ -34,6 +34,16 @@ def armed(point: str) -> bool:
     return bool(root) and point in _points() and not (Path(root) / f"{point}.release").exists()
 
 
+def fire_once(point: str) -> bool:
+    """True the first time a configured ``point`` is reached (a damage test's fault, e.g. one
+    weight bucket corrupted in flight); it then counts as released, so a retry goes through."""
+    if not armed(point):
+        return False
+    release(os.environ[ENV_DIR], point)
+    print(f"[hobson] HOBSON_TEST_HOLD: fault {point} fired (pid {os.getpid()})", flush=True)
+    return True
+
+
 def hold(point: str, settle: Callable[[], object] | None = None, until: Callable[[], bool] | None = None) -> None:
     """Wait at ``point`` until a test releases it or ``until()`` turns true (e.g. "a USR2 has
     arrived": the signal the test sends at this point is then handled before the run goes on).

@@ -1,7 +1,7 @@
 """The rollout server and the remote engine on localhost (no Slurm): a run whose engine is a
 server in another process gives the same bits as the in-process engine; refused publications
 come back as the same errors; a hung or vanished server is reported within the timeout, naming
-the rollout component.
+the rollout component; a request without the job's secret is refused.
 """
 
 from __future__ import annotations
@@ -12,13 +12,10 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from hobson.errors import ConfigError, DigestMismatch
 from hobson.io import read_jsonl
@@ -32,42 +29,12 @@ from hobson.rollout.transport import (
     read_address,
     read_secret,
     request,
-    wait_ready,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 ARGS = [
     "--algorithm", "grpo", "--reward", "test-token-value", "--max-new-tokens", "6",
     "--prompts-per-update", "2", "--completions-per-prompt", "2", "--updates", "2", "--lr", "0.1",
 ]
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-    env.update(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "src")]), OMP_NUM_THREADS="1")
-    return env
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
-    addr = tmp_path / "engine" / "address.json"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jobs.rollout_server", "--address-file", str(addr), "--advertise", "127.0.0.1"],
-        cwd=REPO, env=_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
-    wait_ready(addr, 60, watch_pid=proc.pid)
-    yield addr, proc
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait(timeout=30)
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_remote_engine_is_bit_identical(tmp_path: Path, server: tuple[Path, subprocess.Popen[str]],

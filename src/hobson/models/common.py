@@ -350,6 +350,16 @@ class SafetensorsDir:
         else:
             raise CheckpointError(f"{self.dir}: no {SINGLE_FILE} or {INDEX_FILE}")
 
+    @classmethod
+    def of_tensors(cls, where: str | os.PathLike, tensors: dict[str, Tensor]) -> SafetensorsDir:
+        """Tensors that arrived without files (a weight transport); ``where`` names them in errors."""
+        self = cls.__new__(cls)
+        self.dir = Path(where)
+        self._preloaded = dict(tensors)
+        self._handles = {}
+        self.files = dict.fromkeys(tensors, self.dir)
+        return self
+
     def names(self) -> list[str]:
         return sorted(self.files)
 
@@ -368,6 +378,8 @@ class SafetensorsDir:
         return self._handles[path]
 
     def shape(self, name: str) -> list[int]:
+        if name in self._preloaded:
+            return list(self._preloaded[name].shape)
         return list(self._handle(self.files[name]).get_slice(name).get_shape())
 
 

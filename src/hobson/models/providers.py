@@ -109,15 +109,22 @@ class Provider:
         critic: bool = False,
         seed: int = 0,
         tensors: dict[str, torch.Tensor] | None = None,
+        config: dict[str, Any] | None = None,
     ) -> nn.Module:
         """Load a checkpoint directory (``model.safetensors`` or shards + index) by native names.
 
         Tensors are cast to ``dtype``. With ``critic=True`` the LM head is ignored and a
         ``value_head`` is loaded if present, else initialised from ``seed``. ``tensors``: the
         directory's tensors already read (and verified) by the caller, used instead of a re-read.
+        With ``config`` too (a publication received over a weight transport) no file is opened:
+        ``model_dir`` then only names the source in errors.
         """
-        cfg = self.config(read_config(model_dir))
-        ckpt = SafetensorsDir(model_dir, tensors)
+        if config is not None and tensors is not None:
+            cfg = self.config(config)
+            ckpt = SafetensorsDir.of_tensors(model_dir, tensors)
+        else:
+            cfg = self.config(read_config(model_dir))
+            ckpt = SafetensorsDir(model_dir, tensors)
         model = self._build(cfg, critic, dtype, device, seed, init=False)
         names = self._check_checkpoint(ckpt, model)
         copy_into(model, ckpt, names)
@@ -153,11 +160,21 @@ class Provider:
         ``dtype``: cast floating tensors (default: keep each tensor's dtype). A critic is refused
         unless ``allow_critic`` (a critic is never part of a policy publication).
         """
+        tensors, config = self.export_state(model, dtype=dtype, allow_critic=allow_critic)
+        return write_checkpoint(out_dir, tensors, config, max_shard_bytes)
+
+    def export_state(
+        self, model: nn.Module, *, dtype: torch.dtype | None = None, allow_critic: bool = False,
+        device: str | torch.device | None = "cpu",
+    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """``(tensors, config)``: exactly what :meth:`export` writes (names, dtypes, config.json), in
+        memory, so a weight transport can send a publication without the disk. ``device=None``
+        leaves each tensor where it is (a GPU broadcast needs no host copy)."""
         if getattr(model, "critic", False) and not allow_critic:
             raise ValueError("refusing to export a critic (value_head) as a policy; pass allow_critic=True")
         tensors = {}
         for name, t in self._export_tensors(model).items():
-            t = t.detach().to("cpu")
+            t = t.detach() if device is None else t.detach().to(device)
             if dtype is not None and t.is_floating_point() and name not in self._fp32_buffers:
                 t = t.to(dtype)
             tensors[name] = t.contiguous()
@@ -166,7 +183,7 @@ class Provider:
         if len(weight_dtypes) == 1:
             name = DTYPE_NAMES.get(weight_dtypes.pop(), config.get("torch_dtype"))
             config.update(dict.fromkeys(self._dtype_keys, name))
-        return write_checkpoint(out_dir, tensors, config, max_shard_bytes)
+        return tensors, config
 
     _fp32_buffers: frozenset[str] = frozenset()  # kept in float32 whatever ``dtype`` (Huginn's RoPE table)
     _dtype_keys: tuple[str, ...] = ("torch_dtype",)  # where config.json names the weights' dtype

@@ -23,8 +23,10 @@ PRECISIONS = {"fp32": "float32", "fp16": "float16"}
 # in-process one), so a run may resume against another server, or in-process
 RESUME_MAY_CHANGE = frozenset(
     {"stop_after", "resume", "engine_address_file", "engine_timeout", "publish_timeout", "engine_ready_timeout",
-     "keep_checkpoints", "keep_publications", "checkpoint_in_line"}
+     "keep_checkpoints", "keep_publications", "checkpoint_in_line", "transport", "weight_bucket_mb"}
 )
+# how each version reaches the engine (hobson.rollout.transport); the bits are the same either way
+TRANSPORT_NAMES = ("shared-dir", "dist")
 TINY_PREFIX = "tiny:"
 LONG_PROMPTS = ("drop", "truncate")
 # v2: VIME's conventions (docs/RL.md); v1 (no record) was hobson's own before them
@@ -40,7 +42,7 @@ class RLConfig:
         "lr": "> 0", "critic_lr": "> 0", "clip_eps": "> 0", "value_clip": "> 0", "gamma": "[0, 1]", "lam": "[0, 1]",
         "kl_budget": "> 0", "grad_clip": ">= 0", "backprop_steps": ">= 1", "loss_scale": "> 0",
         "engine_timeout": "> 0", "publish_timeout": "> 0", "engine_ready_timeout": "> 0", "keep_checkpoints": ">= 0",
-        "keep_publications": ">= 0",
+        "keep_publications": ">= 0", "weight_bucket_mb": "> 0",
     }
 
     algorithm: str = "grpo"
@@ -93,6 +95,10 @@ class RLConfig:
     engine_timeout: float = 600.0  # seconds for a remote engine to answer one generate request
     publish_timeout: float = 600.0  # seconds for a remote engine to load and commit one publication
     engine_ready_timeout: float = 600.0  # seconds to wait for the remote engine's address file + ping
+    # shared-dir: write each version to disk, the engine loads it; dist: send it from memory (a
+    # process group with a remote engine, a direct hand-off in-process), no file on the critical path
+    transport: str = "shared-dir"
+    weight_bucket_mb: float = 256.0  # dist: tensors travel in buckets of at most this many MiB
     # disk: official-size checkpoints are tens of GB (fp16 keeps fp32 master weights); 0 keeps all
     keep_checkpoints: int = 0  # the newest N checkpoints stay, older ones are removed once a newer is whole
     keep_publications: int = 0  # weights kept: the newest N versions and checkpointed ones (0: all); manifests stay
@@ -150,6 +156,12 @@ class RLConfig:
         for name in ("engine_timeout", "publish_timeout", "engine_ready_timeout"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} {getattr(self, name)} must be > 0 seconds")
+        if self.transport not in TRANSPORT_NAMES:
+            problems.append(f"transport {self.transport!r}: supported {', '.join(TRANSPORT_NAMES)}")
+        if self.transport == "dist" and self.engine != "native":
+            problems.append("transport dist: the vLLM engine loads publication files; use --transport shared-dir")
+        if not self.weight_bucket_mb > 0:
+            problems.append(f"weight_bucket_mb {self.weight_bucket_mb} must be > 0")
         if self.engine_address_file is not None and self.engine != "native":
             problems.append("engine_address_file: the rollout server runs the native engine; use --engine native")
         if self.temperature < 0:

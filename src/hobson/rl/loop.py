@@ -221,6 +221,8 @@ def make_engine(cfg: RLConfig, provider: Any, tok: Any, model_rev: str, engine_r
             request_timeout=cfg.engine_timeout,
             publish_timeout=cfg.publish_timeout,
             ready_timeout=cfg.engine_ready_timeout,
+            transport=cfg.transport,
+            bucket_bytes=max(1, int(cfg.weight_bucket_mb * 1024**2)),
         )
     if cfg.engine == "vllm":
         from hobson.rollout.vllm_engine import VLLMEngine
@@ -605,7 +607,9 @@ class RLRecipe:
         # does a publication hold exactly the actor's state dict? then checkpoints need not write the
         # actor again (see hobson.rl.checkpoint); one hash of the weights per session decides
         own = {k: v.detach() for k, v in self.actor.module.state_dict().items()}
-        self.actor_in_publication = publication.tensors_digest(own) == man.digest
+        # (with --transport dist no publication is on disk: checkpoints hold the actor themselves,
+        # written by the background writer, off the critical path)
+        self.actor_in_publication = cfg.transport == "shared-dir" and publication.tensors_digest(own) == man.digest
         del own
         session["checkpoint_actor"] = "publication" if self.actor_in_publication else "own file"
         if rng_after_publish is not None:
@@ -698,15 +702,34 @@ class RLRecipe:
 
     # ---- publication and checkpoint -------------------------------------------------------------
     def publish(self, version: int) -> publication.Manifest:
+        """Version ``version`` to the engine: written to disk then loaded (shared-dir), or from
+        memory (dist: no file; a resumed run's first version must give its checkpoint's digest)."""
+        cfg = self.cfg
         t0 = _now()
-        man = publication.publish(self.provider, self.actor.module, self.pubs, version,
-                                  model_revision=self.model_rev, engine_revision=self.engine_rev, dtype=self.dtype)
-        t1 = _now()
-        self.engine.load_publication(publication.version_dir(self.pubs, version))
+        resent = 0
+        if cfg.transport == "shared-dir":
+            man = publication.publish(self.provider, self.actor.module, self.pubs, version, dtype=self.dtype,
+                                      model_revision=self.model_rev, engine_revision=self.engine_rev)
+            t1 = _now()
+            self.engine.load_publication(publication.version_dir(self.pubs, version))
+        else:
+            staged = publication.stage(self.provider, self.actor.module, version, dtype=self.dtype,
+                                       model_revision=self.model_rev, engine_revision=self.engine_rev)
+            man = staged.manifest
+            want = (self.resume_state or {}).get("digest") if version == self.start and self.start else None
+            if want is not None and want != man.digest:
+                raise DigestMismatch(f"{ckpt.checkpoint_dir(self.out, version)}: version {version} was {want}; "
+                                     f"the restored weights give {man.digest}")
+            t1 = _now()
+            before = len(getattr(self.engine, "resent", []))
+            self.engine.load_staged(staged)
+            resent = len(getattr(self.engine, "resent", [])) - before
+            del staged
         t2 = _now()
         self.prune_publications()  # only once the engine serves the new version may older weights go
         self.pub_secs.update(publish_write=t1 - t0, engine_load=t2 - t1)
-        self.record.event("publish", version=version, digest=man.digest, seconds=round(t2 - t0, 4))
+        self.record.event("publish", version=version, digest=man.digest, transport=cfg.transport,
+                          seconds=round(t2 - t0, 4), **({"resent": resent} if resent else {}))
         return man
 
     def publish_update(self, update: int) -> publication.Manifest:

@@ -7,7 +7,8 @@
   CPU/CUDA), data cursor, publication version and digest;
 - per update's rollouts (``rollouts/update-k.jsonl``): tokens (prompt and completion, seeds),
   behaviour log-probs, rewards, latent traces, (version, digest) of every sample;
-- publications: the versions present and each manifest's digest.
+- publications: the versions published and each one's digest (run.json's publish events and the
+  manifests on disk).
 
 Each item is equal or carries the first difference. Timings (metrics.jsonl, run.json) are not
 compared: they differ between any two runs.
@@ -66,6 +67,27 @@ def _updates(run: Path, sub: str, pattern: str) -> set[int]:
     return {int(p.stem.split("-")[1]) for p in d.glob(pattern) if p.stem.split("-")[1].isdigit()}
 
 
+def _version_digests(run: Path) -> dict[str, str]:
+    """Each published version's digest: from the run's publish events (every transport records
+    them; ``--transport dist`` writes no publication files), else from a manifest on disk. A
+    manifest on disk that disagrees with the record shows as ``record/manifest``."""
+    found: dict[str, str] = {}
+    try:
+        meta = json.loads((run / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        meta = {}
+    for session in meta.get("rl", {}).get("sessions", []):
+        for e in session.get("events", []):
+            if e.get("event") == "publish":
+                found[f"v{int(e['version']):06d}"] = e["digest"]
+    for p in sorted((run / "publications").glob("v[0-9]*")):
+        if (p / MANIFEST).exists():
+            digest = json.loads((p / MANIFEST).read_text(encoding="utf-8"))["digest"]
+            if found.setdefault(p.name, digest) != digest:
+                found[p.name] = f"{found[p.name]}/{digest}"
+    return dict(sorted(found.items()))
+
+
 def compare_runs(a: str | os.PathLike, b: str | os.PathLike) -> list[Item]:
     a, b = Path(a), Path(b)
     items: list[Item] = []
@@ -95,13 +117,7 @@ def compare_runs(a: str | os.PathLike, b: str | os.PathLike) -> list[Item]:
             pa = [{key: row.get(key) for key in keys} for row in ra]
             pb = [{key: row.get(key) for key in keys} for row in rb]
             items.append(Item(f"{tag} {name}", ckpt.first_difference(pa, pb, "row")))
-    manifests = []
-    for r in (a, b):
-        found = {}
-        for p in sorted((r / "publications").glob("v[0-9]*")):
-            if (p / MANIFEST).exists():
-                found[p.name] = json.loads((p / MANIFEST).read_text(encoding="utf-8"))["digest"]
-        manifests.append(found)
+    manifests = [_version_digests(r) for r in (a, b)]
     items.append(
         Item(
             "publication versions",

@@ -155,17 +155,7 @@ class NativeEngine:
             self.paused = True
             try:
                 manifest = publication.Manifest.read(pub_dir)
-                want = DTYPE_NAMES[self.dtype]
-                if manifest.dtype != want:
-                    raise ConfigError(
-                        f"{pub_dir}: published in {manifest.dtype}, this engine runs {want}; rollout and "
-                        "training precision must match"
-                    )
-                if manifest.model_revision != self.model_revision:
-                    raise ConfigError(
-                        f"{pub_dir}: model revision {manifest.model_revision!r}, the engine serves "
-                        f"{self.model_revision!r}"
-                    )
+                self._check_manifest(manifest, pub_dir)
                 # the digest of the bytes read, before the provider sees them (a flipped byte is a
                 # digest mismatch, not whatever model check it happens to trip)
                 _, digest, tensors = publication.read_verified(pub_dir)
@@ -186,6 +176,43 @@ class NativeEngine:
                 return manifest
             finally:
                 self.paused = False
+
+    def load_staged(self, staged: publication.Staged, source: str = "the trainer's memory") -> publication.Manifest:
+        """Commit a version that arrived as tensors (a weight transport, or the trainer in this
+        process): no file is opened. The same refusals as :meth:`load_publication`, the digest
+        recomputed from the tensors received; on a refusal the previous version keeps serving."""
+        if "config" not in inspect.signature(self.provider.load).parameters:
+            raise ConfigError(f"the {type(self.provider).__name__} loads from files only: use --transport shared-dir")
+        manifest = staged.manifest
+        where = f"{source} (version {manifest.version})"
+        with self._lock:
+            self.paused = True
+            try:
+                self._check_manifest(manifest, where)
+                digest = publication.tensors_digest(staged.tensors)
+                if digest != manifest.digest:
+                    raise publication.DigestMismatch(
+                        f"{where}: digest of the tensors received is {digest}, the trainer's is {manifest.digest}; "
+                        f"refusing version {manifest.version}"
+                    )
+                model = self.provider.load(where, dtype=self.dtype, device=self.device, tensors=staged.tensors,
+                                           config=staged.config)
+                self.serve(model, manifest.version, digest)  # the commit
+                return manifest
+            finally:
+                self.paused = False
+
+    def _check_manifest(self, manifest: publication.Manifest, where: Any) -> None:
+        want = DTYPE_NAMES[self.dtype]
+        if manifest.dtype != want:
+            raise ConfigError(
+                f"{where}: published in {manifest.dtype}, this engine runs {want}; rollout and "
+                "training precision must match"
+            )
+        if manifest.model_revision != self.model_revision:
+            raise ConfigError(
+                f"{where}: model revision {manifest.model_revision!r}, the engine serves {self.model_revision!r}"
+            )
 
     def serve(self, model: nn.Module, version: int, digest: str) -> None:
         """Commit ``model`` (already verified as ``version``/``digest``) as the one generating.

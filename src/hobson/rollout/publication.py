@@ -117,6 +117,42 @@ class Manifest:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
+@dataclass(frozen=True)
+class Staged:
+    """A version in memory: what :func:`publish` would write, before (or instead of) the disk.
+
+    ``manifest.files`` is empty: no file holds these bytes. The digest is the same function of the
+    same tensors as a written publication's, so a version's digest does not depend on how it
+    travelled (``tests/rl/test_weight_transport.py`` checks both providers)."""
+
+    manifest: Manifest
+    config: dict[str, Any]
+    tensors: dict[str, Tensor]
+
+
+def stage(
+    provider: Any,
+    actor: nn.Module,
+    version: int,
+    *,
+    model_revision: str,
+    engine_revision: str,
+    dtype: torch.dtype,
+) -> Staged:
+    """Version ``version`` of ``actor`` as tensors, config and manifest, with no file written."""
+    tensors, config = provider.export_state(actor, dtype=dtype)
+    manifest = Manifest(
+        version=version,
+        digest=tensors_digest(tensors),
+        model_revision=model_revision,
+        engine_revision=engine_revision,
+        dtype=DTYPE_NAMES[dtype],
+        model_type=actor.config.to_dict()["model_type"],
+        files={},
+    )
+    return Staged(manifest, config, tensors)
+
+
 def publish(
     provider: Any,
     actor: nn.Module,

@@ -12,6 +12,9 @@ is read further: it changes nothing and learns nothing but the refusal.
                        engine would have been built with, so the completions are the same bits
     load_publication   through the named transport: the engine pauses generation (its lock),
                        recomputes and checks the digest, commits, resumes
+    join_weights       (--transport dist) join the trainer's weight group: its store, rank, backend
+    prepare_weights    (dist) the next version's manifest, config and bucket layout, checked first
+    receive_weights    (dist) receive the prepared version's buckets, check the digest, commit
     generate           prompts + one seed per request; every completion carries this node's name
     shutdown           answer, remove the address file, exit 0
 
@@ -30,6 +33,7 @@ import socketserver
 import sys
 import threading
 import traceback
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +44,14 @@ from hobson.errors import ConfigError
 from hobson.io import write_json_atomic
 from hobson.records import utc_now
 from hobson.rollout import publication
-from hobson.rollout.transport import AuthError, default_secret_file, get_transport, make_secret, secret_matches
+from hobson.rollout.transport import (
+    AuthError,
+    default_secret_file,
+    make_secret,
+    secret_matches,
+    transport_class,
+    weight_group,
+)
 
 READ_TIMEOUT_S = 60.0
 
@@ -62,6 +73,8 @@ class RolloutService:
         self.node = node_name()
         self.stop = threading.Event()
         self._build_lock = threading.Lock()
+        self._group: Future[Any] | None = None
+        self._prepared: dict[str, Any] | None = None
 
     def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
         if self.secret is not None and not secret_matches(msg.get("secret"), self.secret):
@@ -80,9 +93,15 @@ class RolloutService:
             }
         if op == "configure":
             return self._configure(msg)
-        if op == "load_publication":
-            manifest = get_transport(msg.get("transport", "shared-dir")).receive(self._engine_for(msg), msg)
+        if op == "load_publication" or op == "receive_weights":
+            manifest = transport_class(msg.get("transport", "shared-dir")).receive(self, msg)
             return {"manifest": manifest.to_dict()}
+        if op == "join_weights":
+            return self._join_weights(msg)
+        if op == "prepare_weights":
+            self.engine_for(msg)  # a refusal (not configured, unknown model) before any byte moves
+            self._prepared = msg
+            return {}
         if op == "generate":
             if self.engine is None:
                 raise publication.PublicationError("no publication loaded: load one before generating")
@@ -103,7 +122,42 @@ class RolloutService:
         if op == "shutdown":
             self.stop.set()
             return {}
-        raise ConfigError(f"unknown request {op!r}: ping, configure, load_publication, generate, shutdown")
+        raise ConfigError(f"unknown request {op!r}: ping, configure, load_publication, join_weights, "
+                          "prepare_weights, receive_weights, generate, shutdown")
+
+    def _join_weights(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Join the trainer's weight group in the background: forming it blocks until the trainer,
+        which waits for this answer first, joins too."""
+        fut: Future[Any] = Future()
+
+        def join() -> None:
+            try:
+                import datetime
+
+                import torch.distributed as dist
+
+                timeout = float(msg["timeout"])
+                store = dist.TCPStore(msg["store_host"], int(msg["store_port"]), int(msg["world"]), False,
+                                      timeout=datetime.timedelta(seconds=timeout))
+                fut.set_result(weight_group(msg["backend"], store, int(msg["rank"]), int(msg["world"]), timeout,
+                                            self.secret or ""))
+            except BaseException as e:  # noqa: BLE001 (handed to the request that needs the group)
+                fut.set_exception(e)
+
+        self._group = fut
+        threading.Thread(target=join, name="weight-group-join", daemon=True).start()
+        return {}
+
+    def weights_group(self) -> Any:
+        if self._group is None:
+            raise ConfigError("no weight group: the trainer sends join_weights first")
+        return self._group.result()
+
+    def prepared_weights(self, version: int) -> dict[str, Any]:
+        prepared = self._prepared
+        if prepared is None or prepared["manifest"]["version"] != version:
+            raise ConfigError(f"version {version} was not prepared: the trainer sends prepare_weights first")
+        return prepared
 
     def _configure(self, msg: dict[str, Any]) -> dict[str, Any]:
         keys = ("dtype", "eos_id", "pad_id", "model_revision", "engine_revision", "torch_threads", "deterministic")
@@ -122,7 +176,7 @@ class RolloutService:
         self.settings = settings
         return {"node": self.node}
 
-    def _engine_for(self, msg: dict[str, Any]) -> Any:
+    def engine_for(self, msg: dict[str, Any]) -> Any:
         if self.settings is None:
             raise ConfigError("not configured: the trainer sends configure first")
         with self._build_lock:

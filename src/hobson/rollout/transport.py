@@ -29,6 +29,7 @@ process elsewhere on the cluster network cannot load a path into the engine or s
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import os
@@ -36,6 +37,7 @@ import secrets
 import socket
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -148,6 +150,14 @@ def request(address: dict[str, Any], payload: dict[str, Any], timeout: float) ->
     """Send one request and return the answer; raises :class:`RolloutEngineError` on no answer in
     ``timeout`` seconds, a lost connection or an unreadable answer, and the server's own error
     (its class when known) when it refused the request."""
+    return exchange(address, payload, timeout)
+
+
+def exchange(address: dict[str, Any], payload: dict[str, Any], timeout: float,
+             between: Callable[[], None] | None = None) -> dict[str, Any]:
+    """:func:`request`, running ``between()`` after the request line is sent and before the answer
+    is read: the weight broadcast of :class:`DistTransport` runs there, while the server's handler
+    receives it."""
     op = payload.get("op")
     deadline = time.monotonic() + timeout
     if "secret" in address:
@@ -155,6 +165,8 @@ def request(address: dict[str, Any], payload: dict[str, Any], timeout: float) ->
     try:
         with socket.create_connection((address["host"], int(address["port"])), timeout=timeout) as s:
             s.sendall(json.dumps(payload).encode() + b"\n")
+            if between is not None:
+                between()
             buf = bytearray()
             while not buf.endswith(b"\n"):
                 left = deadline - time.monotonic()
@@ -226,16 +238,20 @@ def _alive(pid: int) -> bool:
 
 
 class PublicationTransport(Protocol):
-    name: str
+    """How version N reaches a remote engine. ``writes_files``: the trainer writes the publication
+    first and :meth:`send` gets its directory; else :meth:`send` gets the version in memory
+    (:class:`~hobson.rollout.publication.Staged`) and no file is written on the critical path."""
 
-    def send(self, address: dict[str, Any], pub_dir: Path, timeout: float) -> dict[str, Any]:
-        """Trainer side: make version ``pub_dir`` reach the engine and have it committed; returns
-        the server's answer (``manifest``)."""
+    name: str
+    writes_files: bool
+
+    def send(self, address: dict[str, Any], version: Any, timeout: float) -> dict[str, Any]:
+        """Trainer side: make ``version`` reach the engine and have it committed; returns the
+        server's answer (``manifest``)."""
         ...
 
-    def receive(self, engine: Any, message: dict[str, Any]) -> publication.Manifest:
-        """Server side: load the publication ``message`` describes into ``engine`` (which pauses
-        generation, verifies the digest and commits) and return its manifest."""
+    def close(self) -> None:
+        """Trainer side: release what :meth:`send` set up (a process group)."""
         ...
 
 
@@ -243,19 +259,220 @@ class SharedDirTransport:
     """The run directory is on a file system both components mount: send the path only."""
 
     name = "shared-dir"
+    writes_files = True
 
-    def send(self, address: dict[str, Any], pub_dir: Path, timeout: float) -> dict[str, Any]:
-        payload = {"op": "load_publication", "transport": self.name, "path": str(Path(pub_dir).resolve())}
+    def __init__(self, **_: Any) -> None:
+        pass
+
+    def send(self, address: dict[str, Any], version: Any, timeout: float) -> dict[str, Any]:
+        payload = {"op": "load_publication", "transport": self.name, "path": str(Path(version).resolve())}
         return request(address, payload, timeout)
 
-    def receive(self, engine: Any, message: dict[str, Any]) -> publication.Manifest:
-        return engine.load_publication(message["path"])
+    def close(self) -> None:
+        pass
+
+    @staticmethod
+    def receive(service: Any, message: dict[str, Any]) -> publication.Manifest:
+        """Server side: the engine loads, verifies and commits the directory."""
+        return service.engine_for(message).load_publication(message["path"])
 
 
-TRANSPORTS: dict[str, PublicationTransport] = {SharedDirTransport.name: SharedDirTransport()}
+# The dist transport lays a version's tensors (name order, the publication's names and dtypes) out
+# in buckets of at most ``bucket_bytes``; each tensor starts at a multiple of ALIGN so that the
+# receiver's views of the bucket are aligned for every dtype (no copy out of the bucket).
+ALIGN = 64
 
 
-def get_transport(name: str) -> PublicationTransport:
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def tensor_meta(tensors: dict[str, Any]) -> list[list[Any]]:
+    """``[name, dtype, shape, nbytes]`` of each tensor, in name order (the digest's order)."""
+    return [[n, str(t.dtype).removeprefix("torch."), list(t.shape), t.numel() * t.element_size()]
+            for n, t in sorted(tensors.items())]
+
+
+def bucket_layout(meta: list[list[Any]], bucket_bytes: int) -> list[list[int]]:
+    """``[first, end, bytes]`` slices of ``meta``: consecutive tensors whose aligned sizes add up
+    to at most ``bucket_bytes``; a larger tensor travels alone."""
+    buckets: list[list[int]] = []
+    lo, size = 0, 0
+    for i, m in enumerate(meta):
+        n = _aligned(m[3])
+        if i > lo and size + n > bucket_bytes:
+            buckets.append([lo, i, size])
+            lo, size = i, 0
+        size += n
+    if meta:
+        buckets.append([lo, len(meta), size])
+    return buckets
+
+
+def _pack(tensors: dict[str, Any], meta: list[list[Any]], bucket: list[int], device: Any) -> Any:
+    import torch
+
+    lo, hi, size = bucket
+    buf = torch.empty(size, dtype=torch.uint8, device=device)
+    off = 0
+    for name, _, _, nbytes in meta[lo:hi]:
+        if nbytes:
+            buf[off : off + nbytes].copy_(tensors[name].reshape(-1).view(torch.uint8))
+        off += _aligned(nbytes)
+    return buf
+
+
+def _unpack(buf: Any, meta: list[list[Any]], bucket: list[int], out: dict[str, Any]) -> None:
+    import torch
+
+    off = 0
+    for name, dtype, shape, nbytes in meta[bucket[0] : bucket[1]]:
+        out[name] = buf[off : off + nbytes].view(getattr(torch, dtype)).reshape(shape)
+        off += _aligned(nbytes)
+
+
+def weight_group(backend: str, store: Any, rank: int, world: int, timeout_s: float, secret: str) -> Any:
+    """A process group of its own (not the trainer's DeepSpeed or DDP group) between training rank
+    0 (rank 0) and the rollout servers. Its rendezvous keys live under a prefix derived from the
+    job's secret: a process without the secret cannot take a rank."""
+    import datetime
+    import hashlib
+
+    import torch.distributed as dist
+
+    prefix = "hobson-weights-" + hashlib.sha256(secret.encode()).hexdigest()[:32] + "/"
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.PrefixStore(prefix, store)
+    if backend == "nccl":
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, world, opts)
+    return dist.ProcessGroupGloo(store, rank, world, timeout)
+
+
+def broadcast(group: Any, buf: Any) -> None:
+    import torch.distributed as dist
+
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    group.broadcast([buf], opts).wait()
+
+
+def _local_ip_towards(host: str, port: int) -> str:
+    """This host's address on the route to ``host`` (no packet is sent): where the server can
+    reach the trainer's store."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, port))
+        return s.getsockname()[0]
+
+
+class DistTransport:
+    """Training rank 0 broadcasts each version's tensors into the engine over a process group of
+    its own (gloo on CPU, NCCL on GPU), in buckets, while the engine is paused: no publication file
+    on the critical path. Two requests per version: ``prepare_weights`` (the manifest, config and
+    layout; the server checks them and builds its engine, so a refusal comes back before any byte
+    moves), then ``receive_weights``, whose handler receives the buckets, recomputes the digest and
+    commits. A peer that dies or stalls mid-broadcast fails the send within ``timeout`` (the
+    group's own), named; the group is then aborted."""
+
+    name = "dist"
+    writes_files = False
+
+    def __init__(self, bucket_bytes: int = 256 * 1024**2, backend: str | None = None, **_: Any) -> None:
+        self.bucket_bytes = int(bucket_bytes)
+        self.backend = backend
+        self.group: Any = None
+        self._store: Any = None
+
+    def _join(self, address: dict[str, Any], backend: str, timeout: float) -> None:
+        import datetime
+
+        import torch.distributed as dist
+
+        host = _local_ip_towards(address["host"], int(address["port"]))
+        self._store = dist.TCPStore(host, 0, 2, True, timeout=datetime.timedelta(seconds=timeout),
+                                    wait_for_workers=False)
+        request(address, {"op": "join_weights", "store_host": host, "store_port": self._store.port, "rank": 1,
+                          "world": 2, "backend": backend, "timeout": timeout}, timeout)
+        try:
+            self.group = weight_group(backend, self._store, 0, 2, timeout, address.get("secret", ""))
+        except RuntimeError as e:
+            raise RolloutEngineError(f"{describe(address)}: the weight group did not form within "
+                                     f"{timeout:g} s: {e}") from None
+
+    def send(self, address: dict[str, Any], version: Any, timeout: float) -> dict[str, Any]:
+        from hobson import faults
+
+        staged = version
+        tensors = staged.tensors
+        device = next(iter(tensors.values())).device if tensors else "cpu"
+        backend = self.backend or ("nccl" if getattr(device, "type", "cpu") == "cuda" else "gloo")
+        if self.group is None:
+            self._join(address, backend, timeout)
+        meta = tensor_meta(tensors)
+        buckets = bucket_layout(meta, self.bucket_bytes)
+        v = staged.manifest.version
+        request(address, {"op": "prepare_weights", "transport": self.name, "manifest": staged.manifest.to_dict(),
+                          "config": staged.config, "tensors": meta, "buckets": buckets}, timeout)
+
+        def push() -> None:
+            for b, bucket in enumerate(buckets):
+                buf = _pack(tensors, meta, bucket, device)
+                if b == 0 and faults.fire_once(f"corrupt-weights-v{v}"):
+                    buf[0] ^= 0xFF  # TEST: one bucket damaged in flight, after the digest was taken
+                try:
+                    broadcast(self.group, buf)
+                except RuntimeError as e:  # gloo/NCCL: peer gone, or the group's timeout
+                    self.abort()
+                    raise RolloutEngineError(f"{describe(address)}: weight broadcast of version {v} failed at "
+                                             f"bucket {b + 1}/{len(buckets)}: {e}") from None
+
+        return exchange(address, {"op": "receive_weights", "transport": self.name, "version": v}, timeout, push)
+
+    def abort(self) -> None:
+        group, self.group = self.group, None
+        if group is not None:
+            with contextlib.suppress(Exception):
+                group.abort()
+
+    def close(self) -> None:
+        group, self.group = self.group, None
+        if group is not None:
+            with contextlib.suppress(Exception):
+                group.shutdown()
+
+    @staticmethod
+    def receive(service: Any, message: dict[str, Any]) -> publication.Manifest:
+        """Server side of ``receive_weights``: the buckets of the prepared version, then the
+        engine's digest check and commit (a refusal keeps the previous version serving)."""
+        from hobson import faults
+        from hobson.rollout import publication
+
+        prepared = service.prepared_weights(message["version"])
+        group = service.weights_group()
+        meta, buckets = prepared["tensors"], prepared["buckets"]
+        engine = service.engine_for(prepared)
+        device = engine.device if getattr(group, "name", lambda: "")() == "nccl" else "cpu"
+        import torch
+
+        out: dict[str, Any] = {}
+        for b, bucket in enumerate(buckets):
+            buf = torch.empty(bucket[2], dtype=torch.uint8, device=device)
+            broadcast(group, buf)
+            _unpack(buf, meta, bucket, out)
+            faults.hold(f"receive-weights-v{message['version']}-bucket-{b + 1}")
+        staged = publication.Staged(publication.Manifest(**prepared["manifest"]), prepared["config"], out)
+        return engine.load_staged(staged, source="the weight group")
+
+
+TRANSPORTS: dict[str, Any] = {SharedDirTransport.name: SharedDirTransport, DistTransport.name: DistTransport}
+
+
+def get_transport(name: str, **options: Any) -> PublicationTransport:
+    return transport_class(name)(**options)
+
+
+def transport_class(name: str) -> Any:
     try:
         return TRANSPORTS[name]
     except KeyError:
@@ -290,12 +507,14 @@ class RemoteEngine:
         publish_timeout: float = 600.0,
         ready_timeout: float = 600.0,
         transport: str = SharedDirTransport.name,
+        bucket_bytes: int = 256 * 1024**2,
         shutdown_on_close: bool = True,
     ) -> None:
         self.request_timeout = request_timeout
         self.publish_timeout = publish_timeout
-        self.transport = get_transport(transport)
+        self.transport = get_transport(transport, bucket_bytes=bucket_bytes)
         self.shutdown_on_close = shutdown_on_close
+        self.resent: list[int] = []  # versions that arrived damaged and were sent again
         self.version: int | None = None
         self.digest: str | None = None
         self.ping = wait_ready(address_file, ready_timeout)
@@ -319,7 +538,28 @@ class RemoteEngine:
     def load_publication(self, pub_dir: str | os.PathLike) -> publication.Manifest:
         from hobson.rollout import publication
 
+        if not self.transport.writes_files:
+            raise ConfigError(f"transport {self.transport.name} sends versions from memory: use load_staged")
         answer = self.transport.send(self.address, Path(pub_dir), self.publish_timeout)
+        manifest = publication.Manifest(**answer["manifest"])
+        self.version, self.digest = manifest.version, manifest.digest
+        return manifest
+
+    def load_staged(self, staged: publication.Staged) -> publication.Manifest:
+        """Send a version from memory (``--transport dist``). A version the engine received damaged
+        (its digest differs from the trainer's: the engine committed nothing and still serves the
+        previous one) is sent once more; a second failure is the error."""
+        from hobson.rollout import publication
+
+        if self.transport.writes_files:
+            raise ConfigError(f"transport {self.transport.name} sends publication directories: use load_publication")
+        try:
+            answer = self.transport.send(self.address, staged, self.publish_timeout)
+        except DigestMismatch as e:
+            print(f"rl: warning: version {staged.manifest.version} arrived damaged ({e}); sending it again",
+                  flush=True)
+            self.resent.append(staged.manifest.version)
+            answer = self.transport.send(self.address, staged, self.publish_timeout)
         manifest = publication.Manifest(**answer["manifest"])
         self.version, self.digest = manifest.version, manifest.digest
         return manifest
@@ -343,6 +583,7 @@ class RemoteEngine:
         return [Completion(**c) for c in answer["completions"]]
 
     def close(self) -> None:
+        self.transport.close()
         if self.shutdown_on_close:
             try:
                 request(self.address, {"op": "shutdown"}, timeout=10.0)

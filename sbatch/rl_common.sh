@@ -30,6 +30,8 @@
 #   READY_TIMEOUT    seconds for the rollout server to answer its readiness check (default 600)
 #   REQUEST_TIMEOUT  seconds for one generate request (default 600)
 #   PUBLISH_TIMEOUT  seconds for one publication to be loaded and committed (default 600)
+#   TRANSPORT        how each version reaches the server: shared-dir (default: files in OUTPUT) |
+#                    dist (a process group of the two components: no publication files)
 #   COLOCATED        1: both components in this one-component job (default 0: heterogeneous)
 #   ROLLOUT_GPUS     GPUs the colocated server takes from the node's list (default 1)
 #   RUN_DIR          the run record of a job submitted with plain sbatch (default runs/slurm-$SLURM_JOB_ID):
@@ -65,6 +67,7 @@ RL_ARGS=${RL_ARGS:-}
 READY_TIMEOUT=${READY_TIMEOUT:-600}
 REQUEST_TIMEOUT=${REQUEST_TIMEOUT:-600}
 PUBLISH_TIMEOUT=${PUBLISH_TIMEOUT:-600}
+TRANSPORT=${TRANSPORT:-shared-dir}
 COLOCATED=${COLOCATED:-0}
 ROLLOUT_GPUS=${ROLLOUT_GPUS:-1}
 [ -z "$THREADS" ] || export OMP_NUM_THREADS="$THREADS"
@@ -96,7 +99,7 @@ fi
 ADDR="$OUTPUT/engine/address-$JOB_ID.json"
 RL=(--algorithm "$ALGORITHM" --output "$OUTPUT" --updates "$UPDATES" --device "$DEVICE"
     --engine-address-file "$ADDR" --engine-timeout "$REQUEST_TIMEOUT" --publish-timeout "$PUBLISH_TIMEOUT"
-    --engine-ready-timeout "$READY_TIMEOUT")
+    --engine-ready-timeout "$READY_TIMEOUT" --transport "$TRANSPORT")
 [ -z "$MODEL" ] || RL+=(--model "$MODEL")
 [ -z "$DATA" ] || RL+=(--data "$DATA")
 [ -z "$STOP_AFTER" ] || RL+=(--stop-after "$STOP_AFTER")
@@ -115,7 +118,7 @@ if [ -z "${HOBSON_LAUNCHED:-}" ] && [ -n "${SLURM_JOB_ID:-}" ]; then
   RUN_DIR=${RUN_DIR:-runs/slurm-$JOB_ID}
   REC=(--algorithm "$ALGORITHM" --output "$(realpath -m "$OUTPUT")" --updates "$UPDATES" --device "$DEVICE"
        --engine-device "$ENGINE_DEVICE" --engine-timeout "$REQUEST_TIMEOUT" --publish-timeout "$PUBLISH_TIMEOUT"
-       --engine-ready-timeout "$READY_TIMEOUT")
+       --engine-ready-timeout "$READY_TIMEOUT" --transport "$TRANSPORT")
   [ -z "$MODEL" ] || REC+=(--model "$(realpath -m "$MODEL")")
   [ -z "$DATA" ] || REC+=(--data "$(realpath -m "$DATA")")
   [ -z "$MODEL_REVISION" ] || REC+=(--model-revision "$MODEL_REVISION")

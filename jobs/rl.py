@@ -81,6 +81,10 @@ HELP: dict[str, str] = {
     "engine loads the files) | dist (from memory: a process group of its own with a rollout server, gloo on "
     "CPU and NCCL on GPU, or a direct hand-off to an in-process engine; checkpoints then hold the actor)",
     "weight_bucket_mb": "--transport dist: MiB per broadcast bucket (default 256)",
+    "rollout_unit": "requests per rollout unit: consecutive slices of an update's requests, each one generate call "
+    "on one server (default 0: the whole update); recorded, and part of the run's bits",
+    "rollout_servers": "rollout servers to spread units over (default 1; engine_address_file then names each "
+    "server's file with {index}); the results are identical for any number",
     "keep_checkpoints": "keep only the newest N checkpoints (0: all); an older one goes once a newer is written",
     "keep_publications": "keep the weights of only the newest N publications (0: all) and of the kept "
     "checkpoints' versions (a checkpoint reads its actor from them); manifests always stay",

@@ -28,7 +28,12 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m jobs.rollout_server", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--address-file", required=True, help="JSON file the server writes its address to")
+    p.add_argument("--address-file", required=True,
+                   help="JSON file the server writes its address to; {index} in it: the server's index "
+                        "(--index, else $SLURM_PROCID)")
+    p.add_argument("--index", type=int, default=None,
+                   help="this server's index among the job's (default $SLURM_PROCID, else 0)")
+    p.add_argument("--servers", type=int, default=1, help="--wait/--ping: how many servers {index} counts (default 1)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--wait", action="store_true", help="wait for the server to be ready instead of serving")
     mode.add_argument("--ping", action="store_true", help="send one readiness request instead of serving")
@@ -50,15 +55,16 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.wait or args.ping:
-            from hobson.rollout.transport import wait_ready
+            from hobson.rollout.transport import address_files, wait_ready
 
-            answer = wait_ready(args.address_file, args.timeout, None if args.ping else args.watch_pid)
-            print(json.dumps({k: answer[k] for k in ("node", "pid", "configured", "version")}), flush=True)
+            for f in address_files(args.address_file, args.servers):
+                answer = wait_ready(f, args.timeout, None if args.ping else args.watch_pid)
+                print(json.dumps({k: answer[k] for k in ("node", "pid", "configured", "version")}), flush=True)
             return 0
         from hobson.rollout.server import serve
 
         return serve(args.address_file, device=args.device, bind=args.bind, port=args.port, advertise=args.advertise,
-                     secret_file=args.secret_file)
+                     secret_file=args.secret_file, index=args.index)
     except HobsonError as e:
         print(f"rollout_server: error: {e}", file=sys.stderr)
         return 1

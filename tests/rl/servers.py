@@ -34,3 +34,20 @@ def stop_server(proc: subprocess.Popen[str]) -> None:
     proc.wait(timeout=30)
 
 
+
+
+def start_servers(template: str, n: int, env: dict[int, dict[str, str]] | None = None) -> list[subprocess.Popen[str]]:
+    """``n`` servers of one job (``{index}`` in ``template``), started together, each ready when
+    returned; ``env[i]``: extra environment of server ``i``."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "jobs.rollout_server", "--address-file", template, "--index", str(i),
+             "--advertise", "127.0.0.1"],
+            cwd=REPO, env=server_env(**(env or {}).get(i, {})), text=True, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for i in range(n)
+    ]
+    for i, proc in enumerate(procs):
+        wait_ready(template.replace("{index}", str(i)), 60, watch_pid=proc.pid)
+    return procs

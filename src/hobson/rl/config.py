@@ -23,7 +23,8 @@ PRECISIONS = {"fp32": "float32", "fp16": "float16"}
 # in-process one), so a run may resume against another server, or in-process
 RESUME_MAY_CHANGE = frozenset(
     {"stop_after", "resume", "engine_address_file", "engine_timeout", "publish_timeout", "engine_ready_timeout",
-     "keep_checkpoints", "keep_publications", "checkpoint_in_line", "transport", "weight_bucket_mb"}
+     "keep_checkpoints", "keep_publications", "checkpoint_in_line", "transport", "weight_bucket_mb",
+     "rollout_servers"}
 )
 # how each version reaches the engine (hobson.rollout.transport); the bits are the same either way
 TRANSPORT_NAMES = ("shared-dir", "dist")
@@ -43,6 +44,7 @@ class RLConfig:
         "kl_budget": "> 0", "grad_clip": ">= 0", "backprop_steps": ">= 1", "loss_scale": "> 0",
         "engine_timeout": "> 0", "publish_timeout": "> 0", "engine_ready_timeout": "> 0", "keep_checkpoints": ">= 0",
         "keep_publications": ">= 0", "weight_bucket_mb": "> 0",
+        "rollout_servers": ">= 1", "rollout_unit": ">= 0",
     }
 
     algorithm: str = "grpo"
@@ -99,6 +101,11 @@ class RLConfig:
     # process group with a remote engine, a direct hand-off in-process), no file on the critical path
     transport: str = "shared-dir"
     weight_bucket_mb: float = 256.0  # dist: tensors travel in buckets of at most this many MiB
+    # requests per rollout unit: consecutive slices of an update's requests, each one generate call
+    # on one server (0: the whole update is one unit). Part of the run's bits: a batch's padding and
+    # GEMM shapes are its unit's, so results do not depend on how many servers there are
+    rollout_unit: int = 0
+    rollout_servers: int = 1  # rollout servers (engine_address_file then holds {index}); any N, same bits
     # disk: official-size checkpoints are tens of GB (fp16 keeps fp32 master weights); 0 keeps all
     keep_checkpoints: int = 0  # the newest N checkpoints stay, older ones are removed once a newer is whole
     keep_publications: int = 0  # weights kept: the newest N versions and checkpointed ones (0: all); manifests stay
@@ -160,6 +167,13 @@ class RLConfig:
             problems.append(f"transport {self.transport!r}: supported {', '.join(TRANSPORT_NAMES)}")
         if self.transport == "dist" and self.engine != "native":
             problems.append("transport dist: the vLLM engine loads publication files; use --transport shared-dir")
+        if self.rollout_servers < 1:
+            problems.append(f"rollout_servers {self.rollout_servers} must be >= 1")
+        if self.rollout_servers > 1 and (self.engine_address_file is None or "{index}" not in self.engine_address_file):
+            problems.append(f"rollout_servers {self.rollout_servers}: engine_address_file must name each server's "
+                            "address file with {index} (e.g. runs/x/engine/address-77-{index}.json)")
+        if self.rollout_unit < 0:
+            problems.append(f"rollout_unit {self.rollout_unit} must be >= 0 (0: the whole update is one unit)")
         if not self.weight_bucket_mb > 0:
             problems.append(f"weight_bucket_mb {self.weight_bucket_mb} must be > 0")
         if self.engine_address_file is not None and self.engine != "native":
@@ -244,6 +258,9 @@ def check_conventions(recorded: dict[str, Any] | None, cfg: RLConfig) -> None:
 def check_resume(recorded: dict[str, Any], current: RLConfig) -> None:
     """Refuse to resume with settings that differ from the interrupted run's, naming each."""
     now = current.to_dict()
+    # a setting added after the run was recorded had its default's behaviour then (rollout_unit 0)
+    defaults = {f.name: f.default for f in dataclasses.fields(RLConfig) if f.default is not dataclasses.MISSING}
+    recorded = {**{k: v for k, v in defaults.items() if k not in recorded}, **recorded}
     diffs = [
         f"{k}: run has {recorded.get(k)!r}, this call {now.get(k)!r}"
         for k in sorted(set(recorded) | set(now))

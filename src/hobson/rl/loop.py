@@ -223,6 +223,7 @@ def make_engine(cfg: RLConfig, provider: Any, tok: Any, model_rev: str, engine_r
             ready_timeout=cfg.engine_ready_timeout,
             transport=cfg.transport,
             bucket_bytes=max(1, int(cfg.weight_bucket_mb * 1024**2)),
+            servers=cfg.rollout_servers,
         )
     if cfg.engine == "vllm":
         from hobson.rollout.vllm_engine import VLLMEngine
@@ -665,7 +666,13 @@ class RLRecipe:
                 ro.groups.append(i)
                 ro.rows.append((abs_idx, row, j))
         self.record.event("rollout", update=update, version=self.engine.version)
-        ro.completions = self.engine.generate(ro.prompts, ro.seeds, cfg.temperature, cfg.max_new_tokens)
+        size = cfg.rollout_unit or len(ro.prompts)
+        units = [(ro.prompts[k : k + size], ro.seeds[k : k + size]) for k in range(0, len(ro.prompts), size)]
+        if hasattr(self.engine, "generate_units"):  # remote: the units spread over the servers
+            parts = self.engine.generate_units(units, cfg.temperature, cfg.max_new_tokens)
+        else:
+            parts = [self.engine.generate(p, s, cfg.temperature, cfg.max_new_tokens) for p, s in units]
+        ro.completions = [c for part in parts for c in part]
         self.secs["rollout"] = _now() - t0
         return ro
 
@@ -698,6 +705,7 @@ class RLRecipe:
                     "version": c.version, "digest": c.digest, "trace": c.trace,
                     # a remote engine's node; absent in-process (the file stays as it was)
                     **({"engine_node": c.node} if c.node is not None else {}),
+                    **({"engine_server": c.server, "engine_pid": c.pid} if c.server is not None else {}),
                 }) + "\n")
 
     # ---- publication and checkpoint -------------------------------------------------------------

@@ -50,6 +50,8 @@ class Completion:
     digest: str  # its digest
     trace: dict[str, Any] | None  # Huginn latent trace; None for models without latent state
     node: str | None = None  # the node a remote engine generated it on ($SLURMD_NODENAME); None in-process
+    server: int | None = None  # which rollout server (its index) generated it; None in-process
+    pid: int | None = None  # that server's process id
 
 
 class RolloutEngine(Protocol):

@@ -62,6 +62,18 @@ def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
+def identity(device: str) -> dict[str, Any]:
+    """What completions depend on besides the settings (:data:`hobson.rollout.transport.IDENTITY`)."""
+    dev = torch.device(device)
+    out: dict[str, Any] = {"device": dev.type, "torch": torch.__version__, "cuda": torch.version.cuda,
+                           "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    if dev.type == "cuda" and torch.cuda.is_available():
+        out["device_name"] = torch.cuda.get_device_name(dev)
+        out["capability"] = list(torch.cuda.get_device_capability(dev))
+        out["cudnn"] = torch.backends.cudnn.version()  # cuBLAS ships with the CUDA version above
+    return out
+
+
 class RolloutService:
     """The state behind the socket: settings, the engine, and request dispatch (no I/O)."""
 
@@ -90,6 +102,7 @@ class RolloutService:
                 "digest": getattr(self.engine, "digest", None),
                 "torch": torch.__version__,
                 "torch_threads": torch.get_num_threads(),
+                "identity": identity(self.device),
             }
         if op == "configure":
             return self._configure(msg)
@@ -243,12 +256,18 @@ def bind_address(host: str) -> str:
 
 
 def serve(address_file: str | os.PathLike, *, device: str = "cpu", bind: str | None = None, port: int = 0,
-          advertise: str | None = None, secret_file: str | os.PathLike | None = None) -> int:
+          advertise: str | None = None, secret_file: str | os.PathLike | None = None, index: int | None = None) -> int:
     """Serve until a shutdown request; returns the exit code (0). ``bind`` defaults to the address
     the advertised host resolves to; ``secret_file`` to the address file's ``.secret`` sibling."""
     check_device(device, "--device", "ENGINE_DEVICE in the sbatch scripts")  # before the address exists
     host = advertise or node_name()
-    secret_path = Path(secret_file) if secret_file is not None else default_secret_file(address_file)
+    # several servers of one job (`srun --ntasks=N`): {index} is this one's, its SLURM_PROCID;
+    # they share the job's one secret, named without the index
+    index = os.environ.get("SLURM_PROCID", "0") if index is None else str(index)
+    template = str(address_file)
+    address_file = template.replace("{index}", index)
+    secret_path = (Path(secret_file) if secret_file is not None
+                   else default_secret_file(template.replace("-{index}", "").replace("{index}", "")))
     service = RolloutService(device=device, secret=make_secret(secret_path))
     try:
         srv = _Server((bind or bind_address(host), port), service)
@@ -262,6 +281,7 @@ def serve(address_file: str | os.PathLike, *, device: str = "cpu", bind: str | N
         "node": service.node,
         "job_id": os.environ.get("SLURM_JOB_ID"),
         "started_utc": utc_now(),
+        "index": int(index),
         "secret_file": str(secret_path.resolve()),
     }
     path = Path(address_file)

@@ -158,25 +158,48 @@ def exchange(address: dict[str, Any], payload: dict[str, Any], timeout: float,
     """:func:`request`, running ``between()`` after the request line is sent and before the answer
     is read: the weight broadcast of :class:`DistTransport` runs there, while the server's handler
     receives it."""
+    return exchange_many([address], payload, timeout, between)[0]
+
+
+def exchange_many(addresses: list[dict[str, Any]], payload: dict[str, Any], timeout: float,
+                  between: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+    """:func:`exchange` with every server at once: the request goes to each, ``between()`` runs
+    once, then each answer is read (all within ``timeout``)."""
     op = payload.get("op")
     deadline = time.monotonic() + timeout
-    if "secret" in address:
-        payload = {**payload, "secret": address["secret"]}
+    socks: list[socket.socket] = []
     try:
-        with socket.create_connection((address["host"], int(address["port"])), timeout=timeout) as s:
-            s.sendall(json.dumps(payload).encode() + b"\n")
-            if between is not None:
-                between()
-            buf = bytearray()
-            while not buf.endswith(b"\n"):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError
-                s.settimeout(left)
-                chunk = s.recv(1 << 20)
-                if not chunk:
-                    raise ConnectionError("the server closed the connection without answering")
-                buf += chunk
+        for address in addresses:
+            line = {**payload, "secret": address["secret"]} if "secret" in address else payload
+            try:
+                s = socket.create_connection((address["host"], int(address["port"])), timeout=timeout)
+                socks.append(s)
+                s.sendall(json.dumps(line).encode() + b"\n")
+            except TimeoutError:
+                raise RolloutEngineError(f"{describe(address)}: no answer to {op!r} within {timeout:g} s "
+                                         "(engine hung?)") from None
+            except OSError as e:
+                raise RolloutEngineError(f"{describe(address)}: {op!r} failed: {e} (engine gone?)") from None
+        if between is not None:
+            between()
+        return [_answer(address, s, op, timeout, deadline) for address, s in zip(addresses, socks, strict=True)]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _answer(address: dict[str, Any], s: socket.socket, op: Any, timeout: float, deadline: float) -> dict[str, Any]:
+    buf = bytearray()
+    try:
+        while not buf.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            s.settimeout(left)
+            chunk = s.recv(1 << 20)
+            if not chunk:
+                raise ConnectionError("the server closed the connection without answering")
+            buf += chunk
     except TimeoutError:
         raise RolloutEngineError(
             f"{describe(address)}: no answer to {op!r} within {timeout:g} s (engine hung?)"
@@ -245,9 +268,9 @@ class PublicationTransport(Protocol):
     name: str
     writes_files: bool
 
-    def send(self, address: dict[str, Any], version: Any, timeout: float) -> dict[str, Any]:
-        """Trainer side: make ``version`` reach the engine and have it committed; returns the
-        server's answer (``manifest``)."""
+    def send(self, addresses: list[dict[str, Any]], version: Any, timeout: float) -> list[dict[str, Any]]:
+        """Trainer side: make ``version`` reach every server's engine and have it committed;
+        returns each server's answer (``manifest``)."""
         ...
 
     def close(self) -> None:
@@ -264,9 +287,9 @@ class SharedDirTransport:
     def __init__(self, **_: Any) -> None:
         pass
 
-    def send(self, address: dict[str, Any], version: Any, timeout: float) -> dict[str, Any]:
+    def send(self, addresses: list[dict[str, Any]], version: Any, timeout: float) -> list[dict[str, Any]]:
         payload = {"op": "load_publication", "transport": self.name, "path": str(Path(version).resolve())}
-        return request(address, payload, timeout)
+        return exchange_many(addresses, payload, timeout)  # the servers load in parallel
 
     def close(self) -> None:
         pass
@@ -384,23 +407,26 @@ class DistTransport:
         self.group: Any = None
         self._store: Any = None
 
-    def _join(self, address: dict[str, Any], backend: str, timeout: float) -> None:
+    def _join(self, addresses: list[dict[str, Any]], backend: str, timeout: float) -> None:
+        """Form the group: this process rank 0 (and its store), server i rank i + 1."""
         import datetime
 
         import torch.distributed as dist
 
-        host = _local_ip_towards(address["host"], int(address["port"]))
-        self._store = dist.TCPStore(host, 0, 2, True, timeout=datetime.timedelta(seconds=timeout),
+        world = len(addresses) + 1
+        host = _local_ip_towards(addresses[0]["host"], int(addresses[0]["port"]))
+        self._store = dist.TCPStore(host, 0, world, True, timeout=datetime.timedelta(seconds=timeout),
                                     wait_for_workers=False)
-        request(address, {"op": "join_weights", "store_host": host, "store_port": self._store.port, "rank": 1,
-                          "world": 2, "backend": backend, "timeout": timeout}, timeout)
+        for rank, address in enumerate(addresses, start=1):
+            request(address, {"op": "join_weights", "store_host": host, "store_port": self._store.port,
+                              "rank": rank, "world": world, "backend": backend, "timeout": timeout}, timeout)
         try:
-            self.group = weight_group(backend, self._store, 0, 2, timeout, address.get("secret", ""))
+            self.group = weight_group(backend, self._store, 0, world, timeout, addresses[0].get("secret", ""))
         except RuntimeError as e:
-            raise RolloutEngineError(f"{describe(address)}: the weight group did not form within "
+            raise RolloutEngineError(f"{COMPONENT}: the weight group of {world - 1} server(s) did not form within "
                                      f"{timeout:g} s: {e}") from None
 
-    def send(self, address: dict[str, Any], version: Any, timeout: float) -> dict[str, Any]:
+    def send(self, addresses: list[dict[str, Any]], version: Any, timeout: float) -> list[dict[str, Any]]:
         from hobson import faults
 
         staged = version
@@ -408,12 +434,14 @@ class DistTransport:
         device = next(iter(tensors.values())).device if tensors else "cpu"
         backend = self.backend or ("nccl" if getattr(device, "type", "cpu") == "cuda" else "gloo")
         if self.group is None:
-            self._join(address, backend, timeout)
+            self._join(addresses, backend, timeout)
         meta = tensor_meta(tensors)
         buckets = bucket_layout(meta, self.bucket_bytes)
         v = staged.manifest.version
-        request(address, {"op": "prepare_weights", "transport": self.name, "manifest": staged.manifest.to_dict(),
-                          "config": staged.config, "tensors": meta, "buckets": buckets}, timeout)
+        exchange_many(addresses, {"op": "prepare_weights", "transport": self.name,
+                                  "manifest": staged.manifest.to_dict(), "config": staged.config, "tensors": meta,
+                                  "buckets": buckets}, timeout)
+        who = describe(addresses[0]) if len(addresses) == 1 else f"{COMPONENT}: one of {len(addresses)} servers"
 
         def push() -> None:
             for b, bucket in enumerate(buckets):
@@ -424,10 +452,11 @@ class DistTransport:
                     broadcast(self.group, buf)
                 except RuntimeError as e:  # gloo/NCCL: peer gone, or the group's timeout
                     self.abort()
-                    raise RolloutEngineError(f"{describe(address)}: weight broadcast of version {v} failed at "
+                    raise RolloutEngineError(f"{who}: weight broadcast of version {v} failed at "
                                              f"bucket {b + 1}/{len(buckets)}: {e}") from None
 
-        return exchange(address, {"op": "receive_weights", "transport": self.name, "version": v}, timeout, push)
+        return exchange_many(addresses, {"op": "receive_weights", "transport": self.name, "version": v}, timeout,
+                             push)
 
     def abort(self) -> None:
         group, self.group = self.group, None
@@ -483,13 +512,45 @@ def transport_class(name: str) -> Any:
 # The client engine
 
 
-class RemoteEngine:
-    """A :class:`~hobson.rollout.engine.RolloutEngine` served by :mod:`hobson.rollout.server` elsewhere.
+def address_files(template: str | os.PathLike, servers: int) -> list[Path]:
+    """The address file of each of ``servers`` rollout servers: ``{index}`` in ``template`` is the
+    server's index (its ``SLURM_PROCID`` in a Slurm job); one server may use a plain path."""
+    t = str(template)
+    if "{index}" not in t:
+        if servers == 1:
+            return [Path(t)]
+        raise ConfigError(f"engine_address_file {t!r}: with {servers} rollout servers it needs {{index}} "
+                          "(e.g. runs/x/engine/address-77-{index}.json)")
+    return [Path(t.replace("{index}", str(i))) for i in range(servers)]
 
-    At construction it waits (``ready_timeout``) for the server's address file and a ping, then
-    configures it with exactly what the in-process engine would get (dtype, token ids,
-    revisions), the trainer's torch thread count and deterministic-algorithms mode, so its
-    completions are bit-identical.
+
+# What a server's arithmetic depends on besides its settings: completions are identical across
+# servers only where these agree (the trainer refuses a server that differs from the first)
+IDENTITY = ("device", "device_name", "capability", "torch", "cuda", "cudnn", "cpu_capability")
+
+
+def check_same_servers(pings: list[dict[str, Any]]) -> None:
+    first = pings[0]
+    for i, ping in enumerate(pings[1:], start=1):
+        diffs = [f"{k} {ping.get('identity', {}).get(k)!r} (server 0: {first.get('identity', {}).get(k)!r})"
+                 for k in IDENTITY if ping.get("identity", {}).get(k) != first.get("identity", {}).get(k)]
+        if diffs:
+            raise ConfigError(
+                f"rollout server {i} ({describe(ping['address'])}) differs from server 0: {'; '.join(diffs)}; "
+                "completions would then depend on which server ran them: give every server the same kind of "
+                "device and software")
+
+
+class RemoteEngine:
+    """A :class:`~hobson.rollout.engine.RolloutEngine` served by ``servers`` rollout servers
+    (:mod:`hobson.rollout.server`) elsewhere.
+
+    At construction it waits (``ready_timeout``) for each server's address file and a ping,
+    refuses servers that differ (:data:`IDENTITY`), then configures each with exactly what the
+    in-process engine would get (dtype, token ids, revisions), the trainer's torch thread count
+    and deterministic-algorithms mode, so its completions are bit-identical. Every version goes to
+    every server; :meth:`generate_units` gives unit k to server k mod N, each unit one generate
+    call, so no completion depends on N or on which server ran it.
     """
 
     def __init__(
@@ -508,6 +569,7 @@ class RemoteEngine:
         ready_timeout: float = 600.0,
         transport: str = SharedDirTransport.name,
         bucket_bytes: int = 256 * 1024**2,
+        servers: int = 1,
         shutdown_on_close: bool = True,
     ) -> None:
         self.request_timeout = request_timeout
@@ -517,11 +579,14 @@ class RemoteEngine:
         self.resent: list[int] = []  # versions that arrived damaged and were sent again
         self.version: int | None = None
         self.digest: str | None = None
-        self.ping = wait_ready(address_file, ready_timeout)
-        self.address = self.ping["address"]
+        end = time.monotonic() + ready_timeout
+        self.pings = [wait_ready(f, max(end - time.monotonic(), 1.0)) for f in address_files(address_file, servers)]
+        self.addresses = [p["address"] for p in self.pings]
+        self.address = self.addresses[0]
         self.node = self.address.get("node")
-        request(
-            self.address,
+        check_same_servers(self.pings)
+        exchange_many(
+            self.addresses,
             {
                 "op": "configure",
                 "dtype": dtype_name,
@@ -535,57 +600,74 @@ class RemoteEngine:
             request_timeout,
         )
 
-    def load_publication(self, pub_dir: str | os.PathLike) -> publication.Manifest:
+    def _committed(self, answers: list[dict[str, Any]]) -> publication.Manifest:
         from hobson.rollout import publication
 
+        manifests = [publication.Manifest(**a["manifest"]) for a in answers]
+        for i, m in enumerate(manifests[1:], start=1):
+            if m.digest != manifests[0].digest:  # cannot happen unless a server is broken
+                raise DigestMismatch(f"{describe(self.addresses[i])}: committed {m.digest}, "
+                                     f"server 0 {manifests[0].digest}")
+        self.version, self.digest = manifests[0].version, manifests[0].digest
+        return manifests[0]
+
+    def load_publication(self, pub_dir: str | os.PathLike) -> publication.Manifest:
         if not self.transport.writes_files:
             raise ConfigError(f"transport {self.transport.name} sends versions from memory: use load_staged")
-        answer = self.transport.send(self.address, Path(pub_dir), self.publish_timeout)
-        manifest = publication.Manifest(**answer["manifest"])
-        self.version, self.digest = manifest.version, manifest.digest
-        return manifest
+        return self._committed(self.transport.send(self.addresses, Path(pub_dir), self.publish_timeout))
 
     def load_staged(self, staged: publication.Staged) -> publication.Manifest:
-        """Send a version from memory (``--transport dist``). A version the engine received damaged
-        (its digest differs from the trainer's: the engine committed nothing and still serves the
-        previous one) is sent once more; a second failure is the error."""
-        from hobson.rollout import publication
-
+        """Send a version from memory (``--transport dist``). A version a server received damaged
+        (its digest differs from the trainer's: that engine committed nothing and still serves the
+        previous one) is sent once more to all; a second failure is the error."""
         if self.transport.writes_files:
             raise ConfigError(f"transport {self.transport.name} sends publication directories: use load_publication")
         try:
-            answer = self.transport.send(self.address, staged, self.publish_timeout)
+            answers = self.transport.send(self.addresses, staged, self.publish_timeout)
         except DigestMismatch as e:
             print(f"rl: warning: version {staged.manifest.version} arrived damaged ({e}); sending it again",
                   flush=True)
             self.resent.append(staged.manifest.version)
-            answer = self.transport.send(self.address, staged, self.publish_timeout)
-        manifest = publication.Manifest(**answer["manifest"])
-        self.version, self.digest = manifest.version, manifest.digest
-        return manifest
+            answers = self.transport.send(self.addresses, staged, self.publish_timeout)
+        return self._committed(answers)
 
     def generate(
         self, prompts: list[list[int]], seeds: list[int], temperature: float, max_new_tokens: int
     ) -> list[Completion]:
+        return self.generate_units([(prompts, seeds)], temperature, max_new_tokens)[0]
+
+    def generate_units(
+        self, units: list[tuple[list[list[int]], list[int]]], temperature: float, max_new_tokens: int
+    ) -> list[list[Completion]]:
+        """Each unit as one generate call; unit k on server k mod N, the servers in parallel."""
+        from concurrent.futures import ThreadPoolExecutor
+
         from hobson.rollout.engine import Completion
 
-        answer = request(
-            self.address,
-            {
-                "op": "generate",
-                "prompts": prompts,
-                "seeds": [int(s) for s in seeds],
-                "temperature": temperature,
-                "max_new_tokens": max_new_tokens,
-            },
-            self.request_timeout,
-        )
-        return [Completion(**c) for c in answer["completions"]]
+        def run(server: int) -> list[tuple[int, list[Completion]]]:
+            address, pid = self.addresses[server], self.pings[server].get("pid")
+            done = []
+            for k in range(server, len(units), len(self.addresses)):
+                prompts, seeds = units[k]
+                answer = request(address, {"op": "generate", "prompts": prompts, "seeds": [int(x) for x in seeds],
+                                           "temperature": temperature, "max_new_tokens": max_new_tokens},
+                                 self.request_timeout)
+                done.append((k, [Completion(**c, server=server, pid=pid) for c in answer["completions"]]))
+            return done
+
+        n = min(len(self.addresses), len(units))
+        out: list[list[Completion]] = [[] for _ in units]
+        with ThreadPoolExecutor(max_workers=max(n, 1)) as pool:
+            for part in [f.result() for f in [pool.submit(run, i) for i in range(n)]]:
+                for k, completions in part:
+                    out[k] = completions
+        return out
 
     def close(self) -> None:
         self.transport.close()
         if self.shutdown_on_close:
-            try:
-                request(self.address, {"op": "shutdown"}, timeout=10.0)
-            except HobsonError:
-                pass  # already gone: nothing to stop
+            for address in self.addresses:
+                try:
+                    request(address, {"op": "shutdown"}, timeout=10.0)
+                except HobsonError:
+                    pass  # already gone: nothing to stop

@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -20,9 +21,10 @@ from tests.conftest import REPO, run_cli
 STAGES = ("build", "multistep", "teacher")
 
 
-def submit(run_dir: Path, *stages: str, ngpu: int = 2, env: dict | None = None) -> dict:
+def submit(run_dir: Path, *stages: str, ngpu: int = 2, env: dict | None = None, args: Sequence[str] = ()) -> dict:
+    """`recipe STAGES --backend slurm` (``args``: more launcher flags); the run record it wrote."""
     run_cli("recipe", *stages, "--backend", "slurm", "--ngpu", str(ngpu), "--run-dir", str(run_dir),
-            "--logs-dir", str(run_dir.parent / "logs"), env=env)
+            "--logs-dir", str(run_dir.parent / "logs"), *args, env=env)
     return json.loads((run_dir / "run.json").read_text())
 
 

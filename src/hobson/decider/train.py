@@ -272,7 +272,7 @@ class DeciderTrainRecipe:
 
     def _setup_lr_scheduler(self) -> None:
         cfg = self.cfg
-        self.total_steps = self.sampler.total_steps()
+        self.total_steps = min(self.sampler.total_steps(), cfg.max_steps or self.sampler.total_steps())
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(self.total_steps, cfg.warmup_steps, cfg.min_lr_ratio))
 
@@ -305,6 +305,8 @@ class DeciderTrainRecipe:
         if bar is not None:
             bar.set(self.sampler.global_step())
         for epoch, _, micro in self.sampler:
+            if self.sampler.global_step() >= self.total_steps:  # max_steps reached: final/ below
+                break
             step = self.sampler.global_step() + 1
             if bar is not None and step > 1:
                 bar.set(step - 1)

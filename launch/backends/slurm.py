@@ -353,7 +353,8 @@ class SlurmBackend:
         One ``squeue -t all`` call gives slurmctld's current view (it knows jobs until MinJobAge
         after they end, and sees a cancellation at once); one ``sacct`` call gives history
         (accounting lags the controller by a moment). Controller states win; without accounting
-        squeue alone answers; without either, the caller falls back to the run record.
+        squeue alone answers; without either, the caller falls back to the run record. A slurmctld
+        that `scontrol ping` reports DOWN is not asked (sacct answers alone, the source says so).
         Two calls per poll however many jobs and array tasks the run has.
         """
         if not job_ids:
@@ -370,6 +371,11 @@ class SlurmBackend:
                 if len(f) >= 7:
                     rows[f[0]] = {"state": f[2].split()[0] if f[2] else "", "elapsed": f[3], "node": f[4],
                                   "exit": f[5], "tres": f[6]}
+        # A stopped slurmctld: `scontrol ping` says so at once, while squeue retries its connection
+        # for MessageTimeout (9-18 s measured) before it gives up; accounting alone answers then.
+        ping = _client(["scontrol", "ping"], env, timeout=10)
+        if ping is not None and ping.returncode != 0 and "DOWN" in ping.stdout:
+            return ("+".join(sources) or "record") + " (slurmctld DOWN)", rows
         r = _client(["squeue", "-h", "-r", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%M|%N"], env)
         if r and (r.returncode == 0 or "Invalid job id" in r.stderr):  # every job already past MinJobAge
             sources.append("squeue")

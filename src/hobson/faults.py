@@ -70,6 +70,12 @@ def wait_held(root: str | os.PathLike, point: str, timeout_s: float, alive: Call
         time.sleep(0.1)
 
 
+def held_pids(root: str | os.PathLike, point: str) -> list[int]:
+    """For tests: the pids of every process holding (or that held) at ``point``, e.g. all ranks."""
+    found = sorted(Path(root).glob(f"{point}.held.*")) if Path(root).is_dir() else []
+    return [int(p.read_text().strip()) for p in found]
+
+
 def release(root: str | os.PathLike, point: str) -> None:
     """For tests: let every process holding at ``point`` (and any that reach it later) go on."""
     Path(root).mkdir(parents=True, exist_ok=True)

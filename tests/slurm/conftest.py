@@ -140,12 +140,15 @@ class SlurmJobs:
         return job_id
 
     def sacct(self, job_ids: Sequence[str], fields: Sequence[str] = ("JobID", "State", "ExitCode"),
-              steps: bool = False) -> list[dict[str, str]]:
+              steps: bool = False, attempts: bool = False) -> list[dict[str, str]]:
         """sacct rows for the given jobs (one call). Always by -j: sacct's default time window
-        leaves out jobs cancelled while pending (they have no eligible time)."""
+        leaves out jobs cancelled while pending (they have no eligible time). ``attempts``: every
+        attempt of a requeued job, oldest first (-D), not only its last."""
         cmd = ["sacct", "-n", "-P", "-j", ",".join(job_ids), "-o", ",".join(fields)]
         if not steps:
             cmd.insert(1, "-X")
+        if attempts:
+            cmd.insert(1, "-D")
         out = run_slurm(cmd).stdout
         return [dict(zip(fields, line.split("|"), strict=True)) for line in out.splitlines() if line]
 
@@ -212,6 +215,7 @@ class TinyTraining:
     one process. The configs checkpoint every step (a fault test resumes from one) and use one
     torch thread, as the Slurm jobs do; both are run control, so every run computes the same."""
 
+    steps: int  # optimizer steps of each run
     inputs: Path  # the local run: read only
     configs: dict[str, Path]  # stage -> its training config
     two_ranks: dict[str, Path]  # stage -> final/ of 2 ranks on this machine
@@ -267,4 +271,5 @@ def tiny_training(recipe_all_local: tuple[Path, Path, str], tmp_path_factory: py
             args = tiny_job_args(stage, recipe_all_local[0], config)
             run_local_ranks(config, [*args[2:], f"output_dir={out}"], world, timeout_s=300)
             finals[world][stage] = out / "final"
-    return TinyTraining(inputs=recipe_all_local[0], configs=configs, two_ranks=finals[2], one_process=finals[1])
+    return TinyTraining(steps=TINY_STEPS, inputs=recipe_all_local[0], configs=configs, two_ranks=finals[2],
+                        one_process=finals[1])

@@ -16,7 +16,6 @@ import torch
 from safetensors.torch import load_file
 
 from hobson.io import sha256_file
-from tests.slurm.conftest import TINY_STEPS
 from tests.slurm.test_recipe_slurm import job_ids, submit, wait_all
 
 TWO_NODES = "socket_ifname: lo\nstages:\n  parent: {nodes: 2}\n  train: {nodes: 2}\n"
@@ -63,7 +62,7 @@ def test_parent_and_train_on_two_nodes_equal_two_ranks_on_one(tmp_path, slurm_jo
         # every step's rows, split into two disjoint halves, one per rank (the trainer's trace)
         trace = tmp_path / f"trace-{stage}"
         steps = [json.loads(line) for line in log.splitlines() if line.startswith('{"acc"')]
-        assert [s["step"] for s in steps] == list(range(1, TINY_STEPS + 1))
+        assert [s["step"] for s in steps] == list(range(1, tiny_training.steps + 1))
         for s in steps:
             halves = [set(json.loads((trace / f"tokens_step{s['step']:04d}_rank{r}.json").read_text())) for r in (0, 1)]
             assert halves[0] and halves[1] and not halves[0] & halves[1], (stage, s["step"])

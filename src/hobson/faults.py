@@ -15,6 +15,7 @@ then release it (or let ``until`` end the hold). Without the variables :func:`ho
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -49,7 +50,9 @@ def hold(point: str, settle: Callable[[], object] | None = None, until: Callable
     tmp = root / f".{marker.name}.tmp"
     tmp.write_text(f"{os.getpid()}\n")
     os.replace(tmp, marker)  # whole when seen
-    print(f"[hobson] HOBSON_TEST_HOLD: holding at {point} (pid {os.getpid()})", flush=True)
+    # one write, not print()'s two: every rank of a torchrun job writes to the same log
+    sys.stdout.write(f"[hobson] HOBSON_TEST_HOLD: holding at {point} (pid {os.getpid()})\n")
+    sys.stdout.flush()
     release = root / f"{point}.release"
     while not release.exists() and not (until is not None and until()):
         time.sleep(POLL_S)

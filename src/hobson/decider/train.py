@@ -488,7 +488,10 @@ class DeciderTrainRecipe:
     # --- logging and cleanup ---------------------------------------------------------------------
     def _log(self, record: dict[str, Any]) -> None:
         if self.is_main:
-            print(json.dumps(record, sort_keys=True), flush=True)
+            # one write: other ranks write to the same job log, and print() writes the newline
+            # apart (unbuffered), so another rank's line could land between them
+            sys.stdout.write(json.dumps(record, sort_keys=True) + "\n")
+            sys.stdout.flush()
 
     def _board(self, step: int) -> TensorBoardLog:
         """``<output_dir>/tb`` (rank 0 writes; the others' writer writes nothing). Opened at the

@@ -6,6 +6,7 @@ are errors naming ``file:line``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -65,15 +66,24 @@ class RecipeConfig:
     decider: DeciderOptions = field(default_factory=DeciderOptions)
 
 
+# a DNS name or an IPv4 address (what a Slurm NodeAddr holds); Linux interface names are at most
+# 15 characters (IFNAMSIZ) and hold no '/' or whitespace
+HOST_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}))*")
+IFNAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,14}")
+
+
 @dataclass
 class StageOverride:
     RANGES: ClassVar[dict[str, str]] = {
-        "cpus": ">= 1", "mem_gb": ">= 1",
+        "cpus": ">= 1", "mem_gb": ">= 1", "nodes": ">= 1",
     }
 
     time: str | None = None  # Slurm time limit, e.g. "02:00:00"
     cpus: int | None = None
     mem_gb: int | None = None
+    # torchrun stages (parent, train): spread the --ngpu ranks over this many nodes, --ngpu/nodes
+    # on each; every node's torchrun meets the others at one rendezvous (see ClusterProfile)
+    nodes: int | None = None
 
 
 @dataclass
@@ -93,6 +103,14 @@ class ClusterProfile:
     signal_seconds: int = 120  # --signal=B:USR2@N: time to checkpoint before the limit (USR1 is NCCL's)
     max_restarts: int = 3  # requeues of a preempted or timed-out training job
     stages: dict[str, StageOverride] = field(default_factory=dict)
+    # Multi-node torchrun: the host every node's torchrun meets at (c10d rendezvous; its port is
+    # 20000 + job id % 20000). None: the job's first node, as `scontrol show hostnames` names it;
+    # set it where that name resolves to an address the other nodes cannot reach.
+    rdzv_address: str | None = None
+    # The network interface(s) the ranks talk over, exported as GLOO_SOCKET_IFNAME and
+    # NCCL_SOCKET_IFNAME to torchrun jobs (e.g. "ib0", or "eth0,eth1"); None leaves gloo and NCCL
+    # to pick (gloo takes the interface the host name resolves to, NCCL the first non-loopback one).
+    socket_ifname: str | None = None
 
     def __post_init__(self) -> None:
         from hobson.config import config_from_dict
@@ -102,3 +120,11 @@ class ClusterProfile:
         for line in self.extra_sbatch:
             if not line.startswith("--"):
                 raise ConfigError(f"extra_sbatch entries are sbatch options like '--reservation=x', got {line!r}")
+        # both land unquoted in a shell line and in torchrun's --rdzv_endpoint=HOST:PORT
+        if self.rdzv_address is not None and not HOST_RE.fullmatch(self.rdzv_address):
+            raise ConfigError(f"rdzv_address must be a host name or IPv4 address (letters, digits, '.', '-'), "
+                              f"got {self.rdzv_address!r}")
+        if self.socket_ifname is not None and not all(IFNAME_RE.fullmatch(n) for n in self.socket_ifname.split(",")):
+            raise ConfigError(f"socket_ifname must be network interface names separated by commas (each 1-15 of "
+                              f"letters, digits, '_', '.', '-', ':'; what `ip -brief link` lists), "
+                              f"got {self.socket_ifname!r}")

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from hobson.config import load_config
@@ -37,3 +39,19 @@ def test_cluster_profile_stage_overrides_are_validated(tmp_path):
     p.write_text("stages:\n  teacher: {time: '04:00:00', gpu: 2}\n")
     with pytest.raises(ConfigError, match="unknown key 'gpu'"):
         load_config(p, ClusterProfile)
+
+
+def test_cluster_profile_rendezvous_and_interface_are_validated(tmp_path):
+    p = tmp_path / "c.yaml"
+    for text, message in (("rdzv_address: 'n1; rm -rf /'\n", "rdzv_address must be a host name"),
+                          ("rdzv_address: 10.0.0.1:29500\n", "rdzv_address must be a host name"),
+                          ("socket_ifname: 'eth 0'\n", "socket_ifname must be network interface names"),
+                          ("socket_ifname: averyveryverylongname0\n", "socket_ifname must be network interface names"),
+                          ("socket_ifname: 3\n", "'socket_ifname' must be"),
+                          ("rdzv_port: 29500\n", "unknown key 'rdzv_port'")):
+        p.write_text(text)
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_config(p, ClusterProfile)
+    p.write_text("rdzv_address: head-0.cluster\nsocket_ifname: eth0,ib0\n")
+    prof = load_config(p, ClusterProfile)
+    assert (prof.rdzv_address, prof.socket_ifname) == ("head-0.cluster", "eth0,ib0")

@@ -15,6 +15,7 @@ depends on the array waits for all of them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shlex
 import subprocess
@@ -22,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hobson.errors import HobsonError
+from hobson.errors import ConfigError, HobsonError
 from hobson.launch.backends.base import BackendOptions, Launch, Poll, job_progress, local_logs, scrubbed_environ
 from hobson.launch.dag import RL_ROLLOUT, RL_TRAINING, JobSpec
 from hobson.launch.options import DEFAULT_CLUSTER, ClusterProfile
@@ -90,8 +91,9 @@ def _scrubbed_os_environ() -> Iterator[None]:
         os.environ.update(saved)
 
 
-def _torchrun_command(python: str, stagerun_argv: list[str], max_restarts: int) -> str:
-    """One srun task per node: the stage's torchrun agent (``stagerun --torchrun``), rendezvous on the first host.
+def _torchrun_command(python: str, stagerun_argv: list[str], max_restarts: int, rdzv_address: str | None = None) -> str:
+    """One srun task per node: the stage's torchrun agent (``stagerun --torchrun``); every node's
+    agent meets the others at one c10d rendezvous, ``rdzv_address`` (default: the job's first node).
 
     The batch shell gets ``USR2`` before the time limit (``--signal=B:USR2@N``) or from
     ``scancel --signal=USR2 --batch``, and passes it to the job step, whose agents pass it to
@@ -100,8 +102,9 @@ def _torchrun_command(python: str, stagerun_argv: list[str], max_restarts: int) 
     checkpoint. The port comes from the job id so two training jobs sharing a host never collide.
     """
     run = shlex.join([python, *stagerun_argv])
+    head = rdzv_address or '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
     return "\n".join([
-        'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"head={head}",
         'export HOBSON_RDZV="$head:$(( 20000 + SLURM_JOB_ID % 20000 ))"',
         f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 {run} &",
         "step=$!",
@@ -115,6 +118,23 @@ def _torchrun_command(python: str, stagerun_argv: list[str], max_restarts: int) 
         "fi",
         'exit "$rc"',
     ])
+
+
+def spread_over_nodes(job: JobSpec, nodes: int | None) -> JobSpec:
+    """``job`` with its ranks spread over ``nodes`` nodes (the cluster profile's
+    ``stages.<stage>.nodes``): ``resources.gpus`` ranks in all, ``gpus // nodes`` on each node.
+    Only torchrun stages span nodes, and only a whole number of ranks per node."""
+    if not nodes or nodes == job.resources.nodes:
+        return job
+    key = f"stages.{job.stage}.nodes"
+    if job.launcher != "torchrun" or job.is_array:
+        raise ConfigError(f"{key}: {nodes}: only the torchrun training stages (parent, train) run on several "
+                          f"nodes; {job.name} is one process on one node")
+    ranks = job.resources.gpus
+    if ranks % nodes:
+        raise ConfigError(f"{key}: {nodes} does not divide the {ranks} ranks (--ngpu {ranks}); use a divisor "
+                          f"of --ngpu, or --ngpu {nodes * max(ranks // nodes, 1)}")
+    return dataclasses.replace(job, resources=dataclasses.replace(job.resources, nodes=nodes, gpus=ranks // nodes))
 
 
 def _client(cmd: list[str], env: dict[str, str], timeout: float = 30) -> subprocess.CompletedProcess | None:
@@ -188,6 +208,7 @@ class SlurmBackend:
         """
         prof = self.profile
         over = prof.stages.get(job.stage)
+        job = spread_over_nodes(job, over.nodes if over else None)
         res = job.resources
         cpus = over.cpus if over and over.cpus else res.cpus
         mem_gb = over.mem_gb if over and over.mem_gb else res.mem_gb
@@ -209,7 +230,9 @@ class SlurmBackend:
             setup.append("export HOBSON_ARRAY_TASK=$SLURM_ARRAY_TASK_ID")
         setup += list(prof.setup)
         if job.launcher == "torchrun":
-            command = _torchrun_command(prof.python, argv, prof.max_restarts)
+            if prof.socket_ifname:  # the interface(s) the ranks' collectives use, on every node
+                setup.append(f"export GLOO_SOCKET_IFNAME={prof.socket_ifname} NCCL_SOCKET_IFNAME={prof.socket_ifname}")
+            command = _torchrun_command(prof.python, argv, prof.max_restarts, prof.rdzv_address)
             # each requeued attempt logs to its own file
             attempt_log = f'{paths.logs_dir / job.name}.attempt${{SLURM_RESTART_COUNT}}.log'
             setup.append(f'[ "${{SLURM_RESTART_COUNT:-0}}" -eq 0 ] || exec >>"{attempt_log}" 2>&1')
@@ -280,6 +303,9 @@ class SlurmBackend:
 
     def submit(self, jobs: list[JobSpec], paths: RunPaths, echo=print) -> dict[str, list[str]]:
         """Submit every unfinished job in DAG order; return ``{job name: [slurm job ids]}``."""
+        for job in jobs:  # a bad stage override is one error before anything is submitted
+            over = self.profile.stages.get(job.stage)
+            spread_over_nodes(job, over.nodes if over else None)
         limit = max_array_size()
         attempt = utc_now()
         ids: dict[str, list[str]] = {}
@@ -327,7 +353,8 @@ class SlurmBackend:
         One ``squeue -t all`` call gives slurmctld's current view (it knows jobs until MinJobAge
         after they end, and sees a cancellation at once); one ``sacct`` call gives history
         (accounting lags the controller by a moment). Controller states win; without accounting
-        squeue alone answers; without either, the caller falls back to the run record.
+        squeue alone answers; without either, the caller falls back to the run record. A slurmctld
+        that `scontrol ping` reports DOWN is not asked (sacct answers alone, the source says so).
         Two calls per poll however many jobs and array tasks the run has.
         """
         if not job_ids:
@@ -344,6 +371,11 @@ class SlurmBackend:
                 if len(f) >= 7:
                     rows[f[0]] = {"state": f[2].split()[0] if f[2] else "", "elapsed": f[3], "node": f[4],
                                   "exit": f[5], "tres": f[6]}
+        # A stopped slurmctld: `scontrol ping` says so at once, while squeue retries its connection
+        # for MessageTimeout (9-18 s measured) before it gives up; accounting alone answers then.
+        ping = _client(["scontrol", "ping"], env, timeout=10)
+        if ping is not None and ping.returncode != 0 and "DOWN" in ping.stdout:
+            return ("+".join(sources) or "record") + " (slurmctld DOWN)", rows
         r = _client(["squeue", "-h", "-r", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%M|%N"], env)
         if r and (r.returncode == 0 or "Invalid job id" in r.stderr):  # every job already past MinJobAge
             sources.append("squeue")

@@ -15,6 +15,7 @@ then release it (or let ``until`` end the hold). Without the variables :func:`ho
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -59,7 +60,9 @@ def hold(point: str, settle: Callable[[], object] | None = None, until: Callable
     tmp = root / f".{marker.name}.tmp"
     tmp.write_text(f"{os.getpid()}\n")
     os.replace(tmp, marker)  # whole when seen
-    print(f"[hobson] HOBSON_TEST_HOLD: holding at {point} (pid {os.getpid()})", flush=True)
+    # one write, not print()'s two: every rank of a torchrun job writes to the same log
+    sys.stdout.write(f"[hobson] HOBSON_TEST_HOLD: holding at {point} (pid {os.getpid()})\n")
+    sys.stdout.flush()
     release = root / f"{point}.release"
     while not release.exists() and not (until is not None and until()):
         time.sleep(POLL_S)
@@ -78,6 +81,12 @@ def wait_held(root: str | os.PathLike, point: str, timeout_s: float, alive: Call
         if alive is not None and not alive():
             raise RuntimeError(f"the run ended before it reached {point}")
         time.sleep(0.1)
+
+
+def held_pids(root: str | os.PathLike, point: str) -> list[int]:
+    """For tests: the pids of every process holding (or that held) at ``point``, e.g. all ranks."""
+    found = sorted(Path(root).glob(f"{point}.held.*")) if Path(root).is_dir() else []
+    return [int(p.read_text().strip()) for p in found]
 
 
 def release(root: str | os.PathLike, point: str) -> None:

@@ -165,6 +165,17 @@ def main(argv: list[str] | None = None) -> int:
     start, t0 = utc_now(), time.monotonic()
     print(f"[hobson] stage {args.stage}" + (f" shard {shard} (task {task})" if shard is not None else "")
           + f" on {os.environ.get('SLURMD_NODENAME') or socket.gethostname()} at {start}", flush=True)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        # under torchrun: which rank runs where, and how it meets the others (a multi-node job's
+        # log holds one such line per rank; the multi-node test reads them)
+        net = " ".join(f"{k}={os.environ[k]}" for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if k in os.environ)
+        # one write (print() writes the newline apart): the other ranks write to the same log
+        env = os.environ
+        line = (f"[hobson] rank {env['RANK']} of WORLD_SIZE={env['WORLD_SIZE']}"
+                f" (local rank {env.get('LOCAL_RANK', '?')}) on SLURMD_NODENAME={env.get('SLURMD_NODENAME', '-')},"
+                f" rendezvous {env.get('HOBSON_RDZV', 'standalone')}")
+        sys.stdout.write(line + (f", {net}" if net else "") + "\n")
+        sys.stdout.flush()
     error = None
     # (signal handlers can only be set from the main thread; a stage run from another keeps Python's)
     main_thread = threading.current_thread() is threading.main_thread()

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hobson.decider.checkpoint import load_checkpoint, save_checkpoint
 from hobson.decider.collate import Collator
-from hobson.decider.config import TrainConfig, load_train_config
+from hobson.decider.config import TrainConfig, config_to_dict, load_train_config, resume_conflicts
 from hobson.decider.model import build_decider
 from hobson.decider.train import DeciderTrainRecipe, recipe_main
 from hobson.errors import ConfigError, DataError
@@ -210,3 +210,24 @@ def test_missing_model_data_and_unusable_output_are_one_clear_error(tmp_path, de
         assert p.returncode == 1 and "Traceback" not in p.stderr, (name, p.stderr)
         (line,) = [x for x in p.stderr.splitlines() if x.startswith("train: error:")]
         assert expect in line, (name, line)
+
+
+def test_max_steps_ends_the_run_with_its_final_checkpoint(config_factory, tmp_path, capsys):
+    """A few steps on the full data (smoke runs, the Slurm tests): the schedule spans them, final/
+    is written, and a resume with another max_steps is refused (it changes what is computed)."""
+    out = tmp_path / "out"
+    cfg = load_train_config(config_factory(tmp_path / "c.yaml", out, max_steps=2, epochs=1))
+    recipe = DeciderTrainRecipe(cfg)
+    try:
+        recipe.setup()
+        assert recipe.sampler.total_steps() > 2 and recipe.total_steps == 2
+        assert recipe.train() == 0
+    finally:
+        recipe.cleanup()
+    steps = [json.loads(line)["step"] for line in capsys.readouterr().out.splitlines()
+             if line.startswith("{") and '"loss"' in line]
+    assert steps == [1, 2]
+    assert (out / "final" / "adapter.safetensors").is_file()
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000002"]
+    assert resume_conflicts(config_to_dict(cfg), load_train_config(
+        config_factory(tmp_path / "d.yaml", out, max_steps=3, epochs=1))) == ["max_steps: checkpoint 2, now 3"]

@@ -140,12 +140,15 @@ class SlurmJobs:
         return job_id
 
     def sacct(self, job_ids: Sequence[str], fields: Sequence[str] = ("JobID", "State", "ExitCode"),
-              steps: bool = False) -> list[dict[str, str]]:
+              steps: bool = False, attempts: bool = False) -> list[dict[str, str]]:
         """sacct rows for the given jobs (one call). Always by -j: sacct's default time window
-        leaves out jobs cancelled while pending (they have no eligible time)."""
+        leaves out jobs cancelled while pending (they have no eligible time). ``attempts``: every
+        attempt of a requeued job, oldest first (-D), not only its last."""
         cmd = ["sacct", "-n", "-P", "-j", ",".join(job_ids), "-o", ",".join(fields)]
         if not steps:
             cmd.insert(1, "-X")
+        if attempts:
+            cmd.insert(1, "-D")
         out = run_slurm(cmd).stdout
         return [dict(zip(fields, line.split("|"), strict=True)) for line in out.splitlines() if line]
 
@@ -197,3 +200,76 @@ def slurm_jobs(tmp_path: Path) -> Iterator[SlurmJobs]:
     jobs = SlurmJobs(tmp_path)
     yield jobs
     jobs.cancel_leftovers()
+
+
+# ---------------------------------------------------------------------------------------------
+# decider training for a few steps, shared by the multi-node and the training fault tests
+
+TINY_STEPS = 3  # optimizer steps of the tiny training runs: 2 micro-batches of 16 rows each
+
+
+@dataclass(frozen=True)
+class TinyTraining:
+    """`parent` and `train` for TINY_STEPS steps (``max_steps``) on the inputs of the session's
+    `recipe all --backend local` run, and their final checkpoints from 1 node x 2 ranks and from
+    one process. The configs checkpoint every step (a fault test resumes from one) and use one
+    torch thread, as the Slurm jobs do; both are run control, so every run computes the same."""
+
+    steps: int  # optimizer steps of each run
+    inputs: Path  # the local run: read only
+    configs: dict[str, Path]  # stage -> its training config
+    two_ranks: dict[str, Path]  # stage -> final/ of 2 ranks on this machine
+    one_process: dict[str, Path]  # stage -> final/ of one process
+
+    def write_config(self, stage: str, dest: Path, **run_control: object) -> Path:
+        """The stage's tiny config with more run-control keys (e.g. ``trace_dir``)."""
+        import yaml
+
+        cfg = yaml.safe_load(self.configs[stage].read_text())
+        dest.write_text(yaml.safe_dump({**cfg, **run_control}, sort_keys=False))
+        return dest
+
+    def copy_inputs(self, dest: Path) -> Path:
+        """A run directory holding the local run's inputs of `parent` and `train` (records included)
+        but nothing of either stage or of those after it."""
+        shutil.copytree(self.inputs, dest, ignore=shutil.ignore_patterns("parent", "train", "calibrated", "eval"))
+        return dest
+
+
+def tiny_job_args(stage: str, run_dir: Path, config: Path) -> list[str]:
+    """`python -m jobs.train` arguments of ``stage`` exactly as the launcher plans them."""
+    from hobson.launch import dag
+    from hobson.launch.options import RecipeConfig
+
+    cfg = RecipeConfig()
+    cfg.decider.parent_config = cfg.decider.train_config = str(config)
+    ctx = dag.PlanContext(run_dir=str(run_dir), ngpu=2, config=cfg, seed=0, expected_rows=lambda rel: None)
+    (job,) = dag.BY_NAME[stage].jobs(ctx)
+    return job.job_args
+
+
+@pytest.fixture(scope="session")
+def tiny_training(recipe_all_local: tuple[Path, Path, str], tmp_path_factory: pytest.TempPathFactory) -> TinyTraining:
+    """Two ranks and one process, each forked from the forkserver of ``run_local_ranks`` (torch and
+    transformers imported once): about 25 s for both stages on 2 cores."""
+    import yaml
+
+    from hobson.decider.train import run_local_ranks
+
+    base = tmp_path_factory.mktemp("tiny-training")
+    repo = HERE.parents[1]
+    configs = {}
+    for stage, shipped in (("parent", "configs/train-parent.yaml"), ("train", "configs/train.yaml")):
+        cfg = yaml.safe_load((repo / shipped).read_text())
+        cfg.update(max_steps=TINY_STEPS, checkpoint_every=1, num_threads=1)
+        configs[stage] = base / f"{stage}.yaml"
+        configs[stage].write_text(yaml.safe_dump(cfg, sort_keys=False))
+    finals: dict[int, dict[str, Path]] = {2: {}, 1: {}}
+    for world in (2, 1):
+        for stage, config in configs.items():
+            out = base / f"{stage}-{world}"
+            args = tiny_job_args(stage, recipe_all_local[0], config)
+            run_local_ranks(config, [*args[2:], f"output_dir={out}"], world, timeout_s=300)
+            finals[world][stage] = out / "final"
+    return TinyTraining(steps=TINY_STEPS, inputs=recipe_all_local[0], configs=configs, two_ranks=finals[2],
+                        one_process=finals[1])

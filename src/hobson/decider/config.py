@@ -48,7 +48,7 @@ class TrainConfig:
         "adam_betas": "[0, 1)",
         "adam_eps": "> 0", "warmup_steps": ">= 0", "min_lr_ratio": "[0, 1]", "grad_clip": ">= 0",
         "length_group_chunk": ">= 1", "checkpoint_every": ">= 0", "keep_checkpoints": ">= 0",
-        "stop_after_steps": ">= 1",
+        "stop_after_steps": ">= 1", "max_steps": ">= 1",
         "eval_every": ">= 0", "val_batch_size": ">= 1", "log_every": ">= 1", "num_threads": ">= 0",
     }
 
@@ -118,6 +118,10 @@ class TrainConfig:
     # versions (set it to resume their checkpoints). On the default run's data it left 24% of a
     # micro-batch's tokens as padding, against 7.5% for tokens (bench/train_throughput.py).
     length_group_by: str = "tokens"
+    # End the run after this many optimizer steps, final/ written (None: every epoch's steps). The
+    # learning-rate schedule spans these steps, so it is part of what a run computes (not run
+    # control). Smoke runs and tests train a few steps on the full data this way.
+    max_steps: int | None = None
 
     # --- run control (may change on resume) -------------------------------------------------
     checkpoint_every: int = 0  # optimizer steps between checkpoints; 0: only USR2/stop/final
@@ -165,8 +169,9 @@ class TrainConfig:
             problems.append(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if len(self.adam_betas) != 2:
             problems.append(f"adam_betas must be two numbers, got {self.adam_betas}")
-        if self.stop_after_steps is not None and self.stop_after_steps < 1:
-            problems.append(f"stop_after_steps must be >= 1 or null, got {self.stop_after_steps}")
+        for key in ("stop_after_steps", "max_steps"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                problems.append(f"{key} must be >= 1 or null, got {getattr(self, key)}")
         if not self.train_files:
             problems.append("train_files is empty; list at least one corpus JSONL file")
         if self.kl_frozen_reference and not self.precompute_frozen_kl:

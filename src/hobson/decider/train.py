@@ -302,7 +302,7 @@ class DeciderTrainRecipe:
 
     def _setup_lr_scheduler(self) -> None:
         cfg = self.cfg
-        self.total_steps = self.sampler.total_steps()
+        self.total_steps = min(self.sampler.total_steps(), cfg.max_steps or self.sampler.total_steps())
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(self.total_steps, cfg.warmup_steps, cfg.min_lr_ratio))
 
@@ -335,6 +335,8 @@ class DeciderTrainRecipe:
         if bar is not None:
             bar.set(self.sampler.global_step())
         for epoch, _, micro in self.sampler:
+            if self.sampler.global_step() >= self.total_steps:  # max_steps reached: final/ below
+                break
             step = self.sampler.global_step() + 1
             if bar is not None and step > 1:
                 bar.set(step - 1)
@@ -530,7 +532,10 @@ class DeciderTrainRecipe:
     # --- logging and cleanup ---------------------------------------------------------------------
     def _log(self, record: dict[str, Any]) -> None:
         if self.is_main:
-            print(json.dumps(record, sort_keys=True), flush=True)
+            # one write: other ranks write to the same job log, and print() writes the newline
+            # apart (unbuffered), so another rank's line could land between them
+            sys.stdout.write(json.dumps(record, sort_keys=True) + "\n")
+            sys.stdout.flush()
 
     def _board(self, step: int) -> TensorBoardLog:
         """``<output_dir>/tb`` (rank 0 writes; the others' writer writes nothing). Opened at the

@@ -413,10 +413,10 @@ RL_TRAINING, RL_ROLLOUT = "training", "rollout"
 
 
 def rl_job(job_args: list[str], outputs: list[str], *, train_gpus: int = 1, rollout_gpus: int = 1,
-           colocated: bool = False, resources: dict[str, dict] | None = None) -> JobSpec:
+           colocated: bool = False, resources: dict[str, dict] | None = None, rollout_servers: int = 1) -> JobSpec:
     """The RL run as one job of two components: ``training`` (one task on ``train_gpus``) and
-    ``rollout`` (one task, the rollout server, on ``rollout_gpus``). Backends that run both in
-    one process (local, the AWS host) start the training component, whose engine then runs in
+    ``rollout`` (``rollout_servers`` tasks, one rollout server each, on ``rollout_gpus`` each).
+    Backends that run both in one process (local, the AWS host) start the training component, whose engine then runs in
     process; Slurm runs them as one heterogeneous job (or one node when ``colocated``).
     ``resources`` (component name -> Resources fields) replaces the defaults: a job started with
     plain sbatch recorded what it was given, and its retry asks for the same."""
@@ -427,5 +427,6 @@ def rl_job(job_args: list[str], outputs: list[str], *, train_gpus: int = 1, roll
                            **given.get(RL_ROLLOUT, {})})
     return JobSpec(name="rl", stage="rl", job="rl", job_args=list(job_args), inputs=[], outputs=outputs,
                    resources=Resources(gpus=train.gpus, cpus=2, mem_gb=48, time="24:00:00"),
-                   components=[Component(RL_TRAINING, 1, train), Component(RL_ROLLOUT, 1, rollout)],
+                   components=[Component(RL_TRAINING, 1, train),
+                               Component(RL_ROLLOUT, max(rollout_servers, 1), rollout)],
                    colocated=colocated)

@@ -40,6 +40,7 @@ FLAG_VARS = {
     "--publish-timeout": "PUBLISH_TIMEOUT",
     "--engine-ready-timeout": "READY_TIMEOUT",
     "--transport": "TRANSPORT",
+    "--rollout-servers": "ROLLOUT_SERVERS",
 }
 
 
@@ -68,12 +69,15 @@ def split_rl_args(rl_args: Sequence[str]) -> tuple[dict[str, str], list[str]]:
 
 
 def _blocks(colocated: bool, train_gpus: int, rollout_gpus: int, train_cpus: int, rollout_cpus: int,
-            train_mem: str, rollout_mem: str) -> list[SbatchBlock]:
+            train_mem: str, rollout_mem: str, rollout_servers: int = 1) -> list[SbatchBlock]:
     if colocated:  # one component holding both processes; its GPUs split between them
         return [SbatchBlock(cpus_per_task=train_cpus + rollout_cpus, mem=train_mem,
                             gpus_per_node=train_gpus + rollout_gpus)]
-    return [SbatchBlock(cpus_per_task=train_cpus, mem=train_mem, gpus_per_node=train_gpus),
-            SbatchBlock(cpus_per_task=rollout_cpus, mem=rollout_mem, gpus_per_node=rollout_gpus)]
+    train = SbatchBlock(cpus_per_task=train_cpus, mem=train_mem, gpus_per_node=train_gpus)
+    if rollout_servers > 1:  # one task per server, its own GPUs, on as many nodes as they need
+        return [train, SbatchBlock(cpus_per_task=rollout_cpus, mem=rollout_mem, nodes=None, ntasks=rollout_servers,
+                                   gpus_per_task=rollout_gpus)]
+    return [train, SbatchBlock(cpus_per_task=rollout_cpus, mem=rollout_mem, gpus_per_node=rollout_gpus)]
 
 
 def render_rl_sbatch(
@@ -107,6 +111,10 @@ def render_rl_sbatch(
     settings, rest = split_rl_args(rl_args)
     settings.setdefault("ALGORITHM", algorithm)
     alg = settings["ALGORITHM"]
+    servers = int(settings.get("ROLLOUT_SERVERS", "1"))
+    if servers > 1 and colocated:
+        raise ValueError(f"--rollout-servers {servers} with --colocated: several servers run as a heterogeneous "
+                         "job's rollout component (one GPU each); leave out --colocated")
     if colocated:
         settings.update(COLOCATED="1", ROLLOUT_GPUS=str(rollout_gpus))
     settings.update(env or {})
@@ -122,7 +130,8 @@ def render_rl_sbatch(
                   "# Rendered by `python launch/submit.py rl --backend slurm` (launch/rl_sbatch.py); the same job",
                   f"# as sbatch/{alg.replace('-', '_')}.sh. Settings: sbatch/rl_common.sh."),
         **_job_wide(job_name or "hobson-" + alg.replace("-", "_"), log, time),
-        hetjob=_blocks(colocated, train_gpus, rollout_gpus, train_cpus, rollout_cpus, train_mem, rollout_mem),
+        hetjob=_blocks(colocated, train_gpus, rollout_gpus, train_cpus, rollout_cpus, train_mem, rollout_mem,
+                       servers),
         partition=partition, account=account, qos=qos, constraint=constraint, extra=tuple(extra),
         setup=(*setup, f"export HOBSON_REPO=${{HOBSON_REPO:-{shlex.quote(repo)}}}",
                *[f"export {k}={shlex.quote(v)}" for k, v in sorted(settings.items())]),
@@ -155,7 +164,8 @@ def shipped_script(name: str) -> str:
         "#",
         "# Settings (environment variables, all optional; details in sbatch/rl_common.sh):",
         "#   MODEL DATA OUTPUT UPDATES STOP_AFTER RESUME DEVICE ENGINE_DEVICE MODEL_REVISION ENGINE_REVISION",
-        "#   THREADS RL_ARGS READY_TIMEOUT REQUEST_TIMEOUT PUBLISH_TIMEOUT TRANSPORT HOBSON_REPO PYTHON",
+        "#   THREADS RL_ARGS READY_TIMEOUT REQUEST_TIMEOUT PUBLISH_TIMEOUT TRANSPORT ROLLOUT_SERVERS",
+        "#   HOBSON_REPO PYTHON",
         f"#   ALGORITHM (default {alg})",
         "# Resources: component 0 is the first block of #SBATCH lines, component 1 the block after",
         '# "#SBATCH hetjob"; change them here or on the sbatch command line (which sets component 0\'s).',

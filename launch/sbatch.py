@@ -20,17 +20,21 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class SbatchBlock:
-    """One component's resources in a heterogeneous job (one node, ``ntasks`` tasks)."""
+    """One component's resources in a heterogeneous job: ``ntasks`` tasks on ``nodes`` nodes
+    (``None``: as many as Slurm needs to place them), GPUs per node or per task."""
 
     cpus_per_task: int = 1
     mem: str | None = None
     gpus_per_node: int = 0
-    nodes: int = 1
+    nodes: int | None = 1
     ntasks: int = 1
+    gpus_per_task: int = 0
 
     def lines(self) -> list[str]:
-        opts = {"nodes": str(self.nodes), "ntasks": str(self.ntasks), "cpus-per-task": str(self.cpus_per_task),
-                "mem": self.mem, "gpus-per-node": str(self.gpus_per_node) if self.gpus_per_node else None}
+        opts = {"nodes": str(self.nodes) if self.nodes is not None else None, "ntasks": str(self.ntasks),
+                "cpus-per-task": str(self.cpus_per_task), "mem": self.mem,
+                "gpus-per-node": str(self.gpus_per_node) if self.gpus_per_node else None,
+                "gpus-per-task": str(self.gpus_per_task) if self.gpus_per_task else None}
         return [f"#SBATCH --{k}={_quote(v)}" for k, v in opts.items() if v is not None]
 
 

@@ -486,8 +486,10 @@ class _RLRun:
         out = _flag_value(args, "--output")
         if retry and "--resume" not in args and out and (Path(out) / "run.json").exists():
             args.append("--resume")  # continue from the newest intact checkpoint, bit for bit
+        servers = _flag_value(args, "--rollout-servers") or "1"
         return dag.rl_job(args, self.outputs, train_gpus=self.ngpu, rollout_gpus=self.rollout_gpus,
-                          colocated=self.colocated, resources=self.resources)
+                          colocated=self.colocated, resources=self.resources,
+                          rollout_servers=int(servers) if servers.isdigit() else 1)
 
 
 def _flag_value(argv: list[str], flag: str) -> str | None:

@@ -10,7 +10,8 @@
 #
 # Settings (environment variables, all optional; details in sbatch/rl_common.sh):
 #   MODEL DATA OUTPUT UPDATES STOP_AFTER RESUME DEVICE ENGINE_DEVICE MODEL_REVISION ENGINE_REVISION
-#   THREADS RL_ARGS READY_TIMEOUT REQUEST_TIMEOUT PUBLISH_TIMEOUT TRANSPORT HOBSON_REPO PYTHON
+#   THREADS RL_ARGS READY_TIMEOUT REQUEST_TIMEOUT PUBLISH_TIMEOUT TRANSPORT ROLLOUT_SERVERS
+#   HOBSON_REPO PYTHON
 #   ALGORITHM (default flow-dppo)
 # Resources: component 0 is the first block of #SBATCH lines, component 1 the block after
 # "#SBATCH hetjob"; change them here or on the sbatch command line (which sets component 0's).

@@ -32,6 +32,9 @@
 #   PUBLISH_TIMEOUT  seconds for one publication to be loaded and committed (default 600)
 #   TRANSPORT        how each version reaches the server: shared-dir (default: files in OUTPUT) |
 #                    dist (a process group of the two components: no publication files)
+#   ROLLOUT_SERVERS  rollout servers, the rollout component's tasks (default 1); N > 1 needs the
+#                    component's #SBATCH block to ask for N tasks (--ntasks=N --gpus-per-task=1,
+#                    as `submit.py rl --rollout-servers N` renders it); any N gives the same bits
 #   COLOCATED        1: both components in this one-component job (default 0: heterogeneous)
 #   ROLLOUT_GPUS     GPUs the colocated server takes from the node's list (default 1)
 #   RUN_DIR          the run record of a job submitted with plain sbatch (default runs/slurm-$SLURM_JOB_ID):
@@ -70,11 +73,16 @@ PUBLISH_TIMEOUT=${PUBLISH_TIMEOUT:-600}
 TRANSPORT=${TRANSPORT:-shared-dir}
 COLOCATED=${COLOCATED:-0}
 ROLLOUT_GPUS=${ROLLOUT_GPUS:-1}
+ROLLOUT_SERVERS=${ROLLOUT_SERVERS:-1}
 [ -z "$THREADS" ] || export OMP_NUM_THREADS="$THREADS"
 
 say() { echo "hobson-rl: $*" >&2; }
 
 # ---- where each component runs
+if [ "$COLOCATED" = 1 ] && [ "$ROLLOUT_SERVERS" != 1 ]; then
+  say "FAILED: ROLLOUT_SERVERS=$ROLLOUT_SERVERS needs the heterogeneous job (COLOCATED=0): one server per task, one GPU each"
+  exit 2
+fi
 if [ "$COLOCATED" = 1 ]; then
   TRAIN_SRUN=(srun --overlap --nodes=1 --ntasks=1)
   SERVE_SRUN=(srun --overlap --nodes=1 --ntasks=1)
@@ -90,6 +98,15 @@ if [ "$COLOCATED" = 1 ]; then
 else
   TRAIN_SRUN=(srun --het-group=0 --nodes=1 --ntasks=1)
   SERVE_SRUN=(srun --het-group=1 --nodes=1 --ntasks=1)
+  if [ "$ROLLOUT_SERVERS" != 1 ]; then   # one task per server, wherever the component's tasks are
+    HAVE=${SLURM_NTASKS_HET_GROUP_1:-${SLURM_NTASKS_PACK_GROUP_1:-}}
+    if [ -n "$HAVE" ] && [ "$HAVE" -lt "$ROLLOUT_SERVERS" ]; then
+      say "FAILED: ROLLOUT_SERVERS=$ROLLOUT_SERVERS but the rollout component (het group 1) has $HAVE task(s);" \
+          "ask for --ntasks=$ROLLOUT_SERVERS --gpus-per-task=1 in its #SBATCH block (after '#SBATCH hetjob')"
+      exit 2
+    fi
+    SERVE_SRUN=(srun --het-group=1 --ntasks="$ROLLOUT_SERVERS")
+  fi
   TRAIN_NAME="training component (het group 0)"
   SERVE_NAME="rollout component (het group 1)"
   TRAIN_ENV=() SERVE_ENV=()
@@ -97,9 +114,12 @@ fi
 
 # ---- the trainer's flags
 ADDR="$OUTPUT/engine/address-$JOB_ID.json"
+# several servers: each writes its own address file, {index} its SLURM_PROCID; one secret for all
+[ "$ROLLOUT_SERVERS" = 1 ] || ADDR="$OUTPUT/engine/address-$JOB_ID-{index}.json"
 RL=(--algorithm "$ALGORITHM" --output "$OUTPUT" --updates "$UPDATES" --device "$DEVICE"
     --engine-address-file "$ADDR" --engine-timeout "$REQUEST_TIMEOUT" --publish-timeout "$PUBLISH_TIMEOUT"
     --engine-ready-timeout "$READY_TIMEOUT" --transport "$TRANSPORT")
+[ "$ROLLOUT_SERVERS" = 1 ] || RL+=(--rollout-servers "$ROLLOUT_SERVERS")
 [ -z "$MODEL" ] || RL+=(--model "$MODEL")
 [ -z "$DATA" ] || RL+=(--data "$DATA")
 [ -z "$STOP_AFTER" ] || RL+=(--stop-after "$STOP_AFTER")
@@ -119,6 +139,7 @@ if [ -z "${HOBSON_LAUNCHED:-}" ] && [ -n "${SLURM_JOB_ID:-}" ]; then
   REC=(--algorithm "$ALGORITHM" --output "$(realpath -m "$OUTPUT")" --updates "$UPDATES" --device "$DEVICE"
        --engine-device "$ENGINE_DEVICE" --engine-timeout "$REQUEST_TIMEOUT" --publish-timeout "$PUBLISH_TIMEOUT"
        --engine-ready-timeout "$READY_TIMEOUT" --transport "$TRANSPORT")
+  [ "$ROLLOUT_SERVERS" = 1 ] || REC+=(--rollout-servers "$ROLLOUT_SERVERS")
   [ -z "$MODEL" ] || REC+=(--model "$(realpath -m "$MODEL")")
   [ -z "$DATA" ] || REC+=(--data "$(realpath -m "$DATA")")
   [ -z "$MODEL_REVISION" ] || REC+=(--model-revision "$MODEL_REVISION")
@@ -140,11 +161,13 @@ stop() {
 
 # ---- component 1: the rollout server
 mkdir -p "$OUTPUT/engine"
-rm -f "$ADDR"   # a requeued job must not find the previous server's address
+# a requeued job must not find the previous servers' addresses
+rm -f "$OUTPUT/engine/address-$JOB_ID.json" "$OUTPUT/engine/address-$JOB_ID"-[0-9]*.json
 "${SERVE_SRUN[@]}" "${SERVE_ENV[@]}" "$PYTHON" -m hobson.jobs.rollout_server --address-file "$ADDR" --device "$ENGINE_DEVICE" &
 SERVER=$!
 code=0
-"$PYTHON" -m hobson.jobs.rollout_server --wait --address-file "$ADDR" --timeout "$READY_TIMEOUT" --watch-pid "$SERVER" || code=$?
+"$PYTHON" -m hobson.jobs.rollout_server --wait --address-file "$ADDR" --servers "$ROLLOUT_SERVERS" \
+  --timeout "$READY_TIMEOUT" --watch-pid "$SERVER" || code=$?
 if [ "$code" != 0 ]; then
   scode=0
   kill -0 "$SERVER" 2>/dev/null && stop "$SERVER"
@@ -152,7 +175,7 @@ if [ "$code" != 0 ]; then
   say "FAILED: the $SERVE_NAME did not become ready within ${READY_TIMEOUT} s (its exit code $scode)"
   exit $(( scode ? scode : 1 ))
 fi
-say "$SERVE_NAME ready: $(cat "$ADDR")"
+for i in $(seq 0 $(( ROLLOUT_SERVERS - 1 ))); do say "$SERVE_NAME ready: $(cat "${ADDR//\{index\}/$i}")"; done
 
 # ---- component 0: the trainer
 "${TRAIN_SRUN[@]}" "${TRAIN_ENV[@]}" "$PYTHON" -m hobson.jobs.rl "${RL[@]}" &
@@ -177,7 +200,8 @@ if [ "$FIRST" = "$TRAINER" ]; then
   fi
   # was the rollout server the cause (gone or hung)? the trainer's own error line says how
   if ! kill -0 "$SERVER" 2>/dev/null \
-      || ! "$PYTHON" -m hobson.jobs.rollout_server --ping --address-file "$ADDR" --timeout 10 >/dev/null 2>&1; then
+      || ! "$PYTHON" -m hobson.jobs.rollout_server --ping --address-file "$ADDR" --servers "$ROLLOUT_SERVERS" \
+        --timeout 10 >/dev/null 2>&1; then
     stop "$SERVER"
     say "FAILED: the $SERVE_NAME is gone or not answering; the $TRAIN_NAME stopped with exit code $code"
   else

@@ -367,3 +367,51 @@ def test_plain_sbatch_job_records_itself_for_status_logs_cancel_retry(slurm_jobs
     rows = slurm_jobs.wait(again, deadline_s=DEADLINE_S)
     assert {r["State"] for r in rows} == {"COMPLETED"}, run_cli("logs", str(run_dir), "rl").stdout
     _assert_same(reference, run)
+
+
+def test_three_rollout_servers_over_nodes_give_the_one_engine_run(slurm_jobs, tmp_path: Path) -> None:
+    """`submit.py rl --backend slurm --rollout-servers 3 --transport dist`: the rollout component
+    is 3 tasks (one server each, 6 CPUs each, so they need two nodes of 16); unit k of each update
+    runs on server k mod 3; the run equals an in-process engine's bit for bit."""
+    from hobson.jobs.rl import main
+    from tests.conftest import run_cli
+
+    # 3 prompts x 2 completions, one request per unit: each update holds 6 = 2 x 3 units
+    args = [*RL_ARGS.replace("--prompts-per-update 2", "--prompts-per-update 3").split(), "--rollout-unit", "1",
+            "--algorithm", "grpo", "--updates", str(UPDATES), "--device", "cpu"]
+    ref = tmp_path / "in-process"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main([*args, "--output", str(ref)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("stages: {rl: {cpus: 6, mem_gb: 2, time: '00:20:00'}}\n")
+    run_dir = slurm_jobs.workdir / "servers"
+    argv = ["rl", "--backend", "slurm", "--cluster", str(cluster), "--run-dir", str(run_dir), "--logs-dir",
+            str(slurm_jobs.workdir / "logs"), *args, "--rollout-servers", "3", "--transport", "dist",
+            "--engine-timeout", str(REQUEST_TIMEOUT), "--publish-timeout", str(REQUEST_TIMEOUT),
+            "--engine-ready-timeout", "120"]
+    dry = run_cli(*argv, "--dry-run").stdout
+    rollout_block = dry.split("#SBATCH hetjob", 1)[1]
+    assert "#SBATCH --ntasks=3" in rollout_block and "#SBATCH --gpus-per-task=1" in rollout_block
+    assert "#SBATCH --nodes" not in rollout_block and "export ROLLOUT_SERVERS=3" in dry
+    run_cli(*argv, env={"THREADS": "1"})
+    (sub,) = json.loads((run_dir / "run.json").read_text())["submissions"]
+    job = sub["job_id"]
+    slurm_jobs.submitted.append(job)
+    rows = {r["JobID"]: r for r in slurm_jobs.wait(job, deadline_s=DEADLINE_S, fields=("JobID", "State", "NodeList"))}
+    log = slurm_jobs.workdir / "logs" / "servers" / "rl.log"
+    assert {r["State"] for r in rows.values()} == {"COMPLETED"}, log.read_text() if log.exists() else "(no log)"
+    run = run_dir / "rl"
+    for update in range(1, UPDATES + 1):
+        served = read_jsonl(run / "rollouts" / f"update-{update:06d}.jsonl")
+        assert [r["engine_server"] for r in served] == [k % 3 for k in range(6)]
+        assert len({r["engine_pid"] for r in served}) == 3
+        assert len({r["engine_node"] for r in served}) >= 2, served  # the tasks spread over nodes
+    publishes = [e for s in json.loads((run / "run.json").read_text())["rl"]["sessions"] for e in s["events"]
+                 if e["event"] == "publish"]
+    assert publishes and {e["transport"] for e in publishes} == {"dist"}
+    assert not (run / "publications").exists() or not any((run / "publications").iterdir())
+    _assert_same(ref, run)

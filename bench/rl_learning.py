@@ -48,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs; work dir {out}")
     print(f"data: a op b for a, b < {arithmetic.OPERANDS}, op in {' '.join(arithmetic.OPS)}; "
-          f"{arithmetic.HELD_OUT} held-out keys; start checkpoints: {arithmetic.SFT}")
+          f"{arithmetic.HELD_OUT} held-out keys")
+    for kind in args.models:
+        print(f"start checkpoint {kind}: {arithmetic.sft_settings(kind)}")
     for kind in args.models:
         print(f"settings {kind}: {arithmetic.LEARNING[kind]} {arithmetic.LEARNING_COMMON}")
     t_all = time.perf_counter()

@@ -29,17 +29,17 @@ def test_sign_test_is_exact() -> None:
 
 @pytest.fixture(scope="module")
 def trial(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    # GRPO on the Nanbeige-shaped model: 16 prompts x 4 completions, 20 updates (~15 s of RL)
+    # GRPO on the Nanbeige-shaped model at the bench's settings: 32 prompts x 4 completions,
+    # 30 updates (~15 s of RL, after ~65 s of supervised steps)
     root = tmp_path_factory.mktemp("learn")
-    return arithmetic.learning_trial("nanbeige", "grpo", root, curve_every=20, echo=lambda s: None,
-                                     overrides={"prompts_per_update": 16, "updates": 20})
+    return arithmetic.learning_trial("nanbeige", "grpo", root, curve_every=30, echo=lambda s: None)
 
 
 @pytest.mark.slow
 def test_start_checkpoint_answers_in_the_format_with_room_to_learn(trial: dict) -> None:
-    """Slow: its fixture trains both supervised start checkpoints (400 steps each on 2 threads)."""
+    """Slow: its fixture trains the Nanbeige-shaped start checkpoint (1200 steps on 2 threads)."""
     assert trial["boxed_before"] >= 0.95
-    assert 0.05 <= trial["reward_before"] <= 0.6
+    assert 0.05 <= trial["reward_before"] <= 0.8
 
 
 def test_grpo_improves_held_out_accuracy(trial: dict, tmp_path: Path) -> None:
@@ -49,28 +49,29 @@ def test_grpo_improves_held_out_accuracy(trial: dict, tmp_path: Path) -> None:
     from hobson.jobs.rl_eval import main
 
     held = Path(trial["run"]).parent / "data" / "held_out.jsonl"
-    assert main([trial["run"], "--data", str(held), "--versions", "0", "20", "--out", str(tmp_path)]) == 0
+    assert main([trial["run"], "--data", str(held), "--versions", "0", "30", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "rl_eval.json").read_text())["versions"]
     assert [r["accuracy"] for r in rows] == [trial["before"], trial["after"]]
     assert (tmp_path / "rl_eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    again = evaluate(trial["run"], held, versions=[20], echo=lambda s: None)
+    again = evaluate(trial["run"], held, versions=[30], echo=lambda s: None)
     assert again[0].correct == json.loads((tmp_path / "rl_eval.json").read_text())["versions"][1]["correct"]
     write_report(again, tmp_path / "one")
 
 
 @pytest.fixture(scope="module")
 def huginn_trial(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    # Flow-DPPO on the Huginn-shaped model: 32 prompts x 1 completion, 20 updates (~35 s of RL)
+    # Flow-DPPO on the Huginn-shaped model at the bench's settings: 32 prompts x 1 completion,
+    # 30 updates (~25 s of RL)
     root = tmp_path_factory.mktemp("learn-huginn")
-    return arithmetic.learning_trial("huginn_raven", "flow-dppo", root, curve_every=20, echo=lambda s: None,
-                                     overrides={"prompts_per_update": 32, "updates": 20})
+    return arithmetic.learning_trial("huginn_raven", "flow-dppo", root, curve_every=30, echo=lambda s: None)
 
 
 @pytest.mark.slow
 def test_huginn_flow_dppo_improves_held_out_accuracy(huginn_trial: dict) -> None:
-    """Slow (about a minute on 2 cores): the Huginn start checkpoint is built from nothing (400
-    supervised steps through 4 recurrences), then 20 RL updates and two greedy evaluations of
-    200 held-out prompts; fewer updates or prompts do not reach p < 0.01."""
-    assert huginn_trial["boxed_before"] >= 0.95 and 0.05 <= huginn_trial["reward_before"] <= 0.6
+    """Slow (under two minutes on 2 cores): the Huginn start checkpoint is built from nothing (800
+    supervised steps through 4 recurrences), then 30 RL updates and two greedy evaluations of
+    200 held-out prompts; from 400 supervised steps, or with 20 updates, the gain did not reach
+    p < 0.001 on this CPU."""
+    assert huginn_trial["boxed_before"] >= 0.95 and 0.05 <= huginn_trial["reward_before"] <= 0.8
     assert huginn_trial["after"] > huginn_trial["before"]
     assert huginn_trial["p"] < 0.01, huginn_trial

@@ -2,7 +2,8 @@
 commit of that version, for each transport side by side in one run, against the raw speed of
 moving the same bytes.
 
-    python bench/weight_sync.py [--kind nanbeige|huginn_raven] [--size small|tiny] [--repeat 3]
+    python bench/weight_sync.py [--kind nanbeige|huginn_raven] [--size small|tiny|official] [--repeat 3]
+                                [--device cpu|cuda] [--dtype float32|float16|bfloat16]
                                 [--bucket-mb 256] [--dir DIR] [--json bench/results/weight_sync-DATE.json]
 
 Rows (each the best of ``--repeat``; the version number increases every time, as in a run):
@@ -14,6 +15,10 @@ Rows (each the best of ``--repeat``; the version number increases every time, as
 - limits: one gloo broadcast of the same bytes to the server's process (no digest, no model
   build), and one in-memory copy of them.
 GB/s counts the version's tensor bytes. The server runs on this host, bound to 127.0.0.1.
+``--device cuda``: the actor, the in-process engine and the server on the GPU (random weights
+drawn there; ``--size official`` is the published configuration); the remote dist row needs
+a second GPU (NCCL refuses two ranks on one device) and is left out on one, and the limit rows
+are a device-to-device copy and a device-to-host copy.
 """
 
 from __future__ import annotations
@@ -42,24 +47,26 @@ REPO = Path(__file__).resolve().parents[1]
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kind", default="nanbeige", choices=["nanbeige", "huginn_raven"])
-    p.add_argument("--size", default="small", choices=sorted(SIZES))
+    p.add_argument("--size", default="small", choices=[*sorted(SIZES), "official"])
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--bucket-mb", type=float, default=256.0, help="dist bucket size in MiB (default 256)")
     p.add_argument("--dir", default=None, help="where publications are written (default: a temporary directory)")
     p.add_argument("--json", default=None, help="also write the figures here (bench/results/weight_sync-DATE.json)")
     return p.parse_args()
 
 
-def start_server(addr: Path) -> subprocess.Popen:
+def start_server(addr: Path, device: str = "cpu") -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
     proc = subprocess.Popen([sys.executable, "-m", "hobson.jobs.rollout_server", "--address-file", str(addr),
-                             "--advertise", "127.0.0.1"], env=env, stdout=subprocess.DEVNULL)
+                             "--advertise", "127.0.0.1", "--device", device], env=env, stdout=subprocess.DEVNULL)
     wait_ready(addr, 120, watch_pid=proc.pid)
     return proc
 
 
-def remote(addr: Path, transport: str, bucket_bytes: int) -> RemoteEngine:
-    return RemoteEngine(addr, dtype_name="float32", eos_id=0, pad_id=0, model_revision="bench",
+def remote(addr: Path, transport: str, bucket_bytes: int, dtype: str = "float32") -> RemoteEngine:
+    return RemoteEngine(addr, dtype_name=dtype, eos_id=0, pad_id=0, model_revision="bench",
                         engine_revision="bench", torch_threads=torch.get_num_threads(), request_timeout=600,
                         publish_timeout=600, ready_timeout=60, transport=transport, bucket_bytes=bucket_bytes,
                         shutdown_on_close=False)
@@ -67,10 +74,18 @@ def remote(addr: Path, transport: str, bucket_bytes: int) -> RemoteEngine:
 
 def main() -> int:
     args = parse_args()
-    cfg = tiny_config(args.kind, **SIZES[args.size][args.kind])
-    provider = get_provider(cfg)
-    actor = provider.build_actor(cfg, seed=0)
-    nbytes = sum(t.numel() * t.element_size() for t in provider.export_state(actor, dtype=torch.float32)[0].values())
+    dtype, dev = getattr(torch, args.dtype), args.device
+    if args.size == "official":  # random weights drawn on the device: a CPU init would take minutes
+        from rl_gpu import config_for, random_model
+
+        cfg = config_for(args.kind, "official")
+        provider = get_provider(cfg)
+        actor = random_model(args.kind, cfg, torch.float32, dev)
+    else:
+        cfg = tiny_config(args.kind, **SIZES[args.size][args.kind])
+        provider = get_provider(cfg)
+        actor = provider.build_actor(cfg, seed=0).to(dev)
+    nbytes = sum(t.numel() * t.element_size() for t in provider.export_state(actor, dtype=dtype)[0].values())
     gb = nbytes / 1e9
     versions = iter(range(1_000_000))
     bucket_bytes = int(args.bucket_mb * 1024**2)
@@ -78,44 +93,52 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         pubs = Path(tmp) / "publications"
         addr = Path(tmp) / "engine" / "address.json"
-        server = start_server(addr)
+        server = start_server(addr, dev)
         try:
             log("shared-dir, remote")
-            eng = remote(addr, "shared-dir", bucket_bytes)
+            eng = remote(addr, "shared-dir", bucket_bytes, args.dtype)
 
             def shared() -> None:
                 v = next(versions)
                 publication.publish(provider, actor, pubs, v, model_revision="bench", engine_revision="bench",
-                                    dtype=torch.float32)
+                                    dtype=dtype)
                 eng.load_publication(publication.version_dir(pubs, v))
 
             rows["shared-dir, remote (write + server load)"] = best(shared, args.repeat)
-            log("dist, remote")
-            dist_eng = remote(addr, "dist", bucket_bytes)
+            if dev == "cpu":  # NCCL refuses two ranks on one GPU: the GPU's remote row needs two
+                log("dist, remote")
+                dist_eng = remote(addr, "dist", bucket_bytes, args.dtype)
 
-            def dist() -> None:
-                dist_eng.load_staged(publication.stage(provider, actor, next(versions), model_revision="bench",
-                                                       engine_revision="bench", dtype=torch.float32))
+                def dist() -> None:
+                    dist_eng.load_staged(publication.stage(provider, actor, next(versions), model_revision="bench",
+                                                           engine_revision="bench", dtype=dtype))
 
-            rows["dist, remote (stage + broadcast + commit)"] = best(dist, args.repeat)
-            dist_eng.close()
-            log("raw gloo broadcast of the same bytes")
-            rows["limit: gloo broadcast of the bytes, remote"] = raw_broadcast(addr, nbytes, args.repeat)
+                rows["dist, remote (stage + broadcast + commit)"] = best(dist, args.repeat)
+                dist_eng.close()
+                log("raw gloo broadcast of the same bytes")
+                rows["limit: gloo broadcast of the bytes, remote"] = raw_broadcast(addr, nbytes, args.repeat)
             request(eng.address, {"op": "shutdown"}, 30)
         finally:
             if server.poll() is None:
                 server.kill()
             server.wait(timeout=30)
     log("dist, in-process")
-    local = NativeEngine(provider, dtype=torch.float32, device="cpu", eos_id=0, pad_id=0, model_revision="bench",
+    local = NativeEngine(provider, dtype=dtype, device=dev, eos_id=0, pad_id=0, model_revision="bench",
                          engine_revision="bench")
     rows["dist, in-process (stage + hand-off + commit)"] = best(
         lambda: local.load_staged(publication.stage(provider, actor, next(versions), model_revision="bench",
-                                                    engine_revision="bench", dtype=torch.float32)), args.repeat)
-    state = [p.detach() for p in actor.state_dict().values()]
-    rows["limit: in-memory copy of the bytes"] = best(lambda: [t.clone() for t in state], args.repeat)
+                                                    engine_revision="bench", dtype=dtype)), args.repeat)
+    stage_only = best(lambda: publication.stage(provider, actor, next(versions), model_revision="bench",
+                                                engine_revision="bench", dtype=dtype), args.repeat)
+    rows["part: stage alone (export + digest)"] = stage_only
+    state = [p.detach().to(dtype) for p in actor.state_dict().values()]
+    rows["limit: in-memory copy of the bytes"] = best(lambda: sync(dev, [t.clone() for t in state]), args.repeat)
+    if dev != "cpu":
+        rows["limit: device-to-host copy of the bytes"] = best(lambda: sync(dev, [t.cpu() for t in state]),
+                                                               args.repeat)
     base = rows["shared-dir, remote (write + server load)"]
-    print(f"{args.kind} ({args.size}): {nbytes / 1e6:.1f} MB of fp32 tensors, bucket {args.bucket_mb:g} MiB, "
+    print(f"{args.kind} ({args.size}): {nbytes / 1e6:.1f} MB of {args.dtype} tensors on {dev}, "
+          f"bucket {args.bucket_mb:g} MiB, "
           f"{torch.get_num_threads()} threads, best of {args.repeat}\n")
     print("| path | seconds | GB/s | vs shared-dir |")
     print("| --- | ---: | ---: | ---: |")
@@ -124,9 +147,15 @@ def main() -> int:
     if args.json:
         write_json(args.json, {"bench": "weight_sync", "command": sys.argv, "kind": args.kind, "size": args.size,
                                "bytes": nbytes, "bucket_mb": args.bucket_mb, "weight_sync_s": rows,
-                               "machine": environment("cpu"),
+                               "device": dev, "dtype": args.dtype, "machine": environment(dev),
                                "date": datetime.date.today().isoformat()})
     return 0
+
+
+def sync(device: str, out: object) -> object:
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return out
 
 
 def raw_broadcast(addr: Path, nbytes: int, repeat: int) -> float:

@@ -61,6 +61,7 @@ def recipe_all_local(tmp_path_factory):
 CLUSTER_GROUP_DIRS = (REPO / "tests" / "slurm",)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         path = Path(item.path).resolve()

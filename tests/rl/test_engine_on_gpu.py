@@ -90,3 +90,24 @@ def test_graph_decode_beside_a_copying_thread(tmp_path: Path, kind: str) -> None
     for run in busy:  # same seeds: the same tokens and log-probs as without the copies
         assert [c.tokens for c in run] == [c.tokens for c in quiet]
         assert [c.logprobs for c in run] == [c.logprobs for c in quiet]
+
+
+@pytest.mark.parametrize("kind", ["nanbeige", "huginn_raven"])
+def test_a_gpu_version_digest_equals_the_cpu_digest_of_its_written_publication(tmp_path: Path, kind: str) -> None:
+    """The trainer's GPU tensors are digested on the GPU (``stage``: nothing goes through the
+    host); the digest equals the one a CPU computes from the same version's files, and the
+    engine on the GPU commits the staged version after its own on-device check."""
+    cfg = tiny_config(kind)
+    provider = get_provider(cfg)
+    actor = provider.build_actor(cfg, seed=0).to("cuda")
+    dtype = torch.float16 if kind == "huginn_raven" else torch.float32
+    staged = publication.stage(provider, actor, 0, model_revision="r", engine_revision="e", dtype=dtype)
+    assert {t.device.type for t in staged.tensors.values()} == {"cuda"}
+    written = publication.publish(provider, actor, tmp_path / "pub", 0, model_revision="r", engine_revision="e",
+                                  dtype=dtype)
+    assert staged.manifest.digest == written.digest
+    assert publication.tensors_digest(publication.read_tensors(publication.version_dir(tmp_path / "pub", 0))) \
+        == written.digest
+    engine = NativeEngine(provider, dtype=dtype, device="cuda", eos_id=-1, pad_id=0, model_revision="r",
+                          engine_revision="e")
+    assert engine.load_staged(staged).digest == written.digest

@@ -234,6 +234,7 @@ def conventions(cfg: RLConfig) -> dict[str, Any]:
         "dppo_weight_metric": "raw weight mean",
         "request_seed": "seed + rollout_id * 1000003 + sample_index (mod 2**63)",
         "latent_seed": "blake2b(seed_le8 + position_le8, 8 bytes) le mod 2**63",
+        "version_digest": "sha256 over names and 64 MiB pieces, each two 64-bit word sums on the tensor's device",
     }
 
 

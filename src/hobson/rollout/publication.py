@@ -7,8 +7,9 @@ Layout: ``<output>/publications/v{N:06d}/`` holding the provider's export (``con
     {"version": N, "digest": "<sha256>", "model_revision": ..., "engine_revision": ...,
      "dtype": "float32", "model_type": ..., "files": {name: {"bytes": n}}}
 
-The digest is SHA-256 over every tensor in name order: name, dtype, shape, then the SHA-256 of
-each 64 MiB piece of its raw bytes (:func:`tensors_digest`, parallel over the pieces); the engine
+The digest is SHA-256 over every tensor in name order: name, dtype, shape, then a 16-byte hash
+of each 64 MiB piece of its raw bytes computed on the tensor's device (:func:`tensors_digest`:
+the same bits on a GPU and on the CPU, so weights are hashed where they are); the engine
 recomputes it from the bytes it read, loads exactly those tensors, and refuses a mismatch. A
 version is written to a temporary sibling and renamed into place, so a reader never sees half a
 publication. Versions increase by one; publishing a version that already exists (a resumed run
@@ -44,43 +45,105 @@ def version_dir(root: str | os.PathLike, version: int) -> Path:
     return Path(root) / f"v{version:06d}"
 
 
-DIGEST_CHUNK = 64 * 1024**2  # bytes per SHA-256 leaf of the digest
+DIGEST_CHUNK = 64 * 1024**2  # bytes per piece of the digest
+_MULTIPLIERS: dict[str, Any] = {}  # "numpy" or a device -> (2, words) int32, grown on demand
 
 
-def _tensor_view(t: Tensor) -> Any:
-    """The tensor's bytes as a flat uint8 numpy view (no copy for a contiguous CPU tensor)."""
-    t = t.detach().to("cpu").contiguous()
-    return t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""
+def _multipliers_np(words: int) -> Any:
+    """Two rows of odd 32-bit multipliers, from a splitmix64 of the word index (numpy's uint64
+    arithmetic wraps by definition: the same table everywhere)."""
+    import numpy as np
+
+    m = _MULTIPLIERS.get("numpy")
+    if m is None or m.shape[1] < words:
+        n = max(words, 1 << 16)
+        with np.errstate(over="ignore"):
+            x = np.arange(1, 2 * n + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+            x ^= x >> np.uint64(30)
+            x *= np.uint64(0xBF58476D1CE4E5B9)
+            x ^= x >> np.uint64(27)
+            x *= np.uint64(0x94D049BB133111EB)
+            x ^= x >> np.uint64(31)
+        m = (x.astype(np.uint32) | np.uint32(1)).view(np.int32).reshape(n, 2).T.copy()
+        _MULTIPLIERS["numpy"] = m
+    return m[:, :words]
 
 
-def _sha(buf: Any) -> bytes:
-    import hashlib
+def _piece_sums_np(piece: Any) -> list[int]:
+    import numpy as np
 
-    return hashlib.sha256(buf).digest()  # releases the GIL: the leaves hash in parallel
+    w = piece.view(np.int32)
+    m = _multipliers_np(w.size)
+    out = np.empty_like(w)
+    sums = []
+    for k in range(2):
+        np.multiply(w, m[k], out=out)  # int32 products wrap mod 2**32 (numpy's defined behaviour)
+        sums.append(int(out.sum(dtype=np.int64)))  # exact: 2**24 terms below 2**31 each
+    return sums
+
+
+def _piece_sums_torch(piece: Tensor) -> Tensor:
+    """The same two sums on ``piece``'s device (int64 arithmetic, no overflow anywhere)."""
+    key = str(piece.device)
+    words = piece.numel() // 4
+    m = _MULTIPLIERS.get(key)
+    if m is None or m.shape[1] < words:
+        m = torch.from_numpy(_multipliers_np(max(words, 1 << 16))).to(piece.device, torch.int64)
+        _MULTIPLIERS[key] = m
+    w = piece.view(torch.int32).to(torch.int64)
+    p = (w * m[:, :words]) & 0xFFFFFFFF  # the int32 product's bits, then its signed value
+    p = p - ((p >> 31) << 32)
+    return p.sum(dim=1)
+
+
+def _pieces(t: Tensor) -> tuple[Tensor, list[tuple[int, int]]]:
+    """``t``'s bytes, flat (a last piece that is not whole 32-bit words zero-padded; the length is
+    hashed too), and the ``(start, end)`` of each ``DIGEST_CHUNK``-byte piece."""
+    t = t.detach()
+    flat = t.contiguous().reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8,
+                                                                                       device=t.device)
+    n = flat.numel()
+    if n % 4:
+        flat = torch.cat([flat, flat.new_zeros(4 - n % 4)])
+    return flat, [(i, min(i + DIGEST_CHUNK, flat.numel())) for i in range(0, flat.numel(), DIGEST_CHUNK)]
 
 
 def tensors_digest(tensors: dict[str, Tensor], workers: int | None = None) -> str:
-    """SHA-256 over the tensors in name order, of ``name\0dtype\0shape\0`` then the SHA-256 of
-    each ``DIGEST_CHUNK``-byte piece of the raw bytes.
+    """The version digest: SHA-256 over the tensors in name order, of ``name\0dtype\0shape\0bytes\0``
+    then, for each ``DIGEST_CHUNK``-byte piece of the raw bytes, two 64-bit sums over its 32-bit
+    words ``w_j`` of ``int32(w_j * M_k[j])`` (products wrapped to 32 bits, fixed odd multipliers).
 
-    Two levels so that the pieces hash on every core at once: one SHA-256 stream over 7 GB
-    takes seconds at ~2 GB/s, and every publication is hashed by the writer and by the engine.
+    Integer sums are exact and commute, so the value does not depend on where it is computed or
+    how a reduction is split: the trainer's tensors on a GPU are hashed there (no copy through
+    the host), a publication read from disk on the CPU (numpy, the pieces on every core), the
+    buckets an engine received on its device, all to the same bits. Any change of one word
+    changes the sums (odd multipliers); they catch damage, not a forger (the per-job secret keeps
+    others off the channel).
     """
     import hashlib
     from concurrent.futures import ThreadPoolExecutor
 
     names = sorted(tensors)
-    views = {n: _tensor_view(tensors[n]) for n in names}
-    pieces = [(n, i) for n in names for i in range(0, max(len(views[n]), 1), DIGEST_CHUNK)]
-    with ThreadPoolExecutor(max_workers=workers or min(32, os.cpu_count() or 1)) as pool:
-        leaves = list(pool.map(lambda ni: _sha(views[ni[0]][ni[1] : ni[1] + DIGEST_CHUNK]), pieces))
+    split = {n: _pieces(tensors[n]) for n in names}
+    sums: dict[str, list[int]] = {}
+    cpu = [(n, a, b) for n in names if split[n][0].device.type == "cpu" for a, b in split[n][1]]
+    if cpu:
+        with ThreadPoolExecutor(max_workers=workers or min(32, os.cpu_count() or 1)) as pool:
+            got = list(pool.map(lambda x: _piece_sums_np(split[x[0]][0][x[1]:x[2]].numpy()), cpu))
+        for (n, _, _), s in zip(cpu, got, strict=True):
+            sums.setdefault(n, []).extend(s)
+    with torch.no_grad():
+        for n in names:
+            flat, pieces = split[n]
+            if flat.device.type != "cpu" and pieces:
+                sums[n] = torch.stack([_piece_sums_torch(flat[a:b]) for a, b in pieces]).reshape(-1).tolist()
     h = hashlib.sha256()
-    it = iter(leaves)
     for n in names:
         t = tensors[n]
-        h.update(f"{n}\0{str(t.dtype).removeprefix('torch.')}\0{list(t.shape)}\0".encode())
-        for _ in range(0, max(len(views[n]), 1), DIGEST_CHUNK):
-            h.update(next(it))
+        h.update(f"{n}\0{str(t.dtype).removeprefix('torch.')}\0{list(t.shape)}\0{t.numel() * t.element_size()}\0"
+                 .encode())
+        for v in sums.get(n, []):
+            h.update(v.to_bytes(8, "little", signed=True))
     return h.hexdigest()
 
 
@@ -139,8 +202,10 @@ def stage(
     engine_revision: str,
     dtype: torch.dtype,
 ) -> Staged:
-    """Version ``version`` of ``actor`` as tensors, config and manifest, with no file written."""
-    tensors, config = provider.export_state(actor, dtype=dtype)
+    """Version ``version`` of ``actor`` as tensors, config and manifest, with no file written. The
+    tensors stay on the actor's device (a GPU's are digested and sent from there, never through
+    the host); a tensor already in ``dtype`` is the live parameter itself, so the receiver copies."""
+    tensors, config = provider.export_state(actor, dtype=dtype, device=None)
     manifest = Manifest(
         version=version,
         digest=tensors_digest(tensors),

@@ -226,6 +226,11 @@ def test_grpo_equal_rewards_change_nothing(tmp_path: Path) -> None:
     )
     row = json.loads((out / "metrics.jsonl").read_text())
     assert row["adv_abs_mean"] == 0.0 and row["grad_norm"] == 0.0 and row["loss"] == 0.0
+    # the update's wall time and the share outside rollout and optimization (publish, checkpoint, ...)
+    sec = row["seconds"]
+    assert sec["update"] >= sec["rollout"] + sec["train"] > 0
+    assert 0 <= row["outside_share"] < 1
+    assert abs(row["outside_share"] - (1 - (sec["rollout"] + sec["train"]) / sec["update"])) < 1e-2
     digests = [
         json.loads((out / "publications" / v / "manifest.json").read_text())["digest"] for v in ("v000000", "v000001")
     ]

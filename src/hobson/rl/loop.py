@@ -480,6 +480,7 @@ class RLRecipe:
         self.out = Path(self.cfg.output)
         check_writable_dir(self.out, "--output")
         self.secs: dict[str, float] = {}
+        self.t_update = 0.0
         self.pub_secs: dict[str, float] = {}
 
     # ---- set-up ---------------------------------------------------------------------------
@@ -627,6 +628,7 @@ class RLRecipe:
                 settle = None if self.writer is None else lambda: self.checkpoint_written(self.writer.wait())
                 faults.hold(f"update-{update}", settle=settle)
                 self.secs = {}
+                self.t_update = _now()
                 _reset_peaks()
                 ro = self.rollout(update)
                 self.score(ro)
@@ -801,6 +803,11 @@ class RLRecipe:
     def log(self, update: int, ro: Rollout, stats: dict[str, Any], background: bool) -> None:
         self.session["updates_run"].append(update)
         n_tokens = sum(len(c.tokens) for c in ro.completions)
+        # the update's wall time, and the share of it spent outside rollout (first request to last
+        # completion) and optimization (first training forward, recompute included, to the last
+        # step): weight sync, checkpoint waits, rewards, writing rollouts
+        self.secs["update"] = _now() - self.t_update
+        busy = self.secs.get("rollout", 0.0) + self.secs.get("train", 0.0)
         row = {
             "update": update,
             "version": self.version,
@@ -808,6 +815,7 @@ class RLRecipe:
             "tokens": n_tokens,
             "tokens_per_s": n_tokens / max(self.secs["rollout"], 1e-9),
             "seconds": {k: round(v, 4) for k, v in self.secs.items()},
+            "outside_share": round(max(0.0, 1.0 - busy / max(self.secs["update"], 1e-9)), 4),
             **({"peak_memory_gib": _peaks()} if _peaks() else {}),
             **{k: v for k, v in stats.items() if k != "steps"},
             "steps": stats["steps"],

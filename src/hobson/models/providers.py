@@ -248,7 +248,7 @@ class HuginnProvider(Provider):
             )
         if stored.dtype != torch.float32:
             raise CheckpointError(f"{where} is {stored.dtype}; the RoPE table must be stored in float32")
-        diff = (stored - want).abs()
+        diff = (stored - want.to(stored.device)).abs()  # tensors handed over on a GPU stay there
         if not bool(torch.isfinite(stored).all()) or float(diff.max()) > FREQS_ATOL:
             pos = int(diff.flatten().argmax()) // (want.shape[3] * 2)
             raise CheckpointError(

@@ -21,9 +21,8 @@ CORE = [
 TRAIN = ["peft>=0.13", "accelerate>=1.0", "tensorboard>=2.14"]
 RL = ["deepspeed>=0.15", "math-verify>=0.7", "tensorboard>=2.14"]
 AWS = ["boto3>=1.34"]
-# pytest-timeout: a hung test fails on its own (with its stacks) instead of stalling CI to its limit;
-# pytest-xdist: the README runs the suite on 2 workers, one of them driving the local cluster
-DEV = ["pytest>=8", "pytest-timeout>=2.1", "pytest-xdist>=3.5", "ruff>=0.6", "moto[server]>=5.0", "scipy>=1.10"]
+# pytest-timeout: a hung test fails on its own (with its stacks) instead of stalling CI to its limit
+DEV = ["pytest>=8", "pytest-timeout>=2.1", "ruff>=0.6", "moto[server]>=5.0", "scipy>=1.10"]
 
 # The launcher, the job entry points and the AWS runner stay top-level folders of the checkout
 # (``python launch/submit.py``, ``python -m jobs.<name>`` from the repo root) but are installed

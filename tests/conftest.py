@@ -53,18 +53,3 @@ def recipe_all_local(tmp_path_factory):
                    "--logs-dir", str(base / "logs"), timeout=1800)
     return run_dir, base / "logs" / "run", proc.stdout
 
-
-# pytest-xdist (`-n 2 --dist loadgroup`, the README's test command): a worker takes whole groups.
-# One group per module, so a module's fixtures are built once; one "cluster" group for everything
-# that uses the local Slurm cluster or the recipe run it is compared with (tests/slurm and
-# test_recipe_local share that session fixture), so one worker drives the cluster, in file order.
-CLUSTER_GROUP_DIRS = (REPO / "tests" / "slurm",)
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups into the node ids
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        path = Path(item.path).resolve()
-        cluster = any(d in path.parents for d in CLUSTER_GROUP_DIRS) or (
-            "recipe_all_local" in getattr(item, "fixturenames", ()))
-        item.add_marker(pytest.mark.xdist_group("cluster" if cluster else str(path.relative_to(REPO))))

@@ -2,11 +2,14 @@
 
 import json
 
+# a small run: what these tests check (records, status, verify) does not need the default sizes
+SMALL = ("--prompts-per-update", "2", "--max-new-tokens", "8")
+
 
 def test_rl_through_the_launcher_is_recorded(cli, tmp_path):
     run_dir = tmp_path / "run"
     out = cli("rl", "--backend", "local", "--run-dir", str(run_dir), "--logs-dir", str(tmp_path / "logs"),
-              "--algorithm", "grpo", "--updates", "2", "--reward", "test-token-value").stdout
+              "--algorithm", "grpo", "--updates", "2", "--reward", "test-token-value", *SMALL).stdout
     assert "finished" in out
     recs = [json.loads(line) for line in (run_dir / "stages.jsonl").read_text().splitlines()]
     (rec,) = recs
@@ -22,7 +25,7 @@ def test_rl_through_the_launcher_is_recorded(cli, tmp_path):
 def test_verify_rehashes_rl_checkpoints_and_publications(cli, tmp_path):
     run_dir = tmp_path / "run"
     cli("rl", "--backend", "local", "--run-dir", str(run_dir), "--logs-dir", str(tmp_path / "logs"),
-        "--algorithm", "ppo", "--updates", "2", "--reward", "test-token-value")
+        "--algorithm", "ppo", "--updates", "2", "--reward", "test-token-value", *SMALL)
     ok = cli("verify", str(run_dir), "-v").stdout
     assert "ok       rl/checkpoints/update-000002" in ok and "ok       rl/publications/v000001" in ok, ok
     assert "RL checkpoints and publications match their manifests" in ok

@@ -121,3 +121,32 @@ def test_an_output_that_cannot_be_a_directory_is_one_clear_error(tmp_path: Path,
     assert main(["--output", str(afile / "run"), *FAST]) == 1
     err = capsys.readouterr().err
     assert f"--output {afile / 'run'}: {afile} is a file, not a directory" in err and "internal error" not in err
+
+
+def test_a_model_directory_of_another_architecture_is_one_clear_error(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Huginn's weights under a Nanbeige config.json, and a model directory whose weights file is empty: one
+    `rl: error:` line each, naming the directory and what to pass, before any output is written."""
+    import shutil
+
+    from hobson.models import get_provider, tiny_config
+
+    h = tiny_config("huginn_raven")
+    get_provider(h).export(get_provider(h).build_actor(h, seed=0), tmp_path / "huginn")
+    n = tiny_config("nanbeige")
+    get_provider(n).export(get_provider(n).build_actor(n, seed=0), tmp_path / "nanbeige")
+    swapped = tmp_path / "swapped"
+    shutil.copytree(tmp_path / "huginn", swapped)
+    shutil.copy(tmp_path / "nanbeige" / "config.json", swapped / "config.json")
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text('{"model_type": "bert", "hidden_size": 8}')
+    (bert / "model.safetensors").write_bytes(b"")
+    for model, words in ((swapped, ("names do not match", "another architecture", "belong together")),
+                         (bert, ("model.safetensors", "not a readable safetensors file", "copy it again"))):
+        out = tmp_path / f"out-{model.name}"
+        assert main(["--model", str(model), "--output", str(out), "--updates", "1", "--device", "cpu"]) != 0
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("rl: error: ") and str(model) in err[0], err
+        assert all(w in err[0] for w in words), err
+        assert not (out / "checkpoints").exists()

@@ -339,13 +339,13 @@ class SafetensorsDir:
             for path in sorted(set(self.files.values())):
                 if not path.exists():
                     raise CheckpointError(f"{index}: names shard {path.name}, which is missing")
-                with safe_open(str(path), framework="pt") as f:
+                with _open_safetensors(path) as f:
                     stored = set(f.keys())
                 listed = {n for n, p in self.files.items() if p == path}
                 if listed - stored:
                     raise CheckpointError(f"{path}: lacks {sorted(listed - stored)[:5]} that {index.name} lists")
         elif single.exists():
-            with safe_open(str(single), framework="pt") as f:
+            with _open_safetensors(single) as f:
                 self.files = dict.fromkeys(f.keys(), single)
         else:
             raise CheckpointError(f"{self.dir}: no {SINGLE_FILE} or {INDEX_FILE}")
@@ -374,13 +374,21 @@ class SafetensorsDir:
     def _handle(self, path: Path) -> Any:
         # one memory map per shard, not one per tensor
         if path not in self._handles:
-            self._handles[path] = safe_open(str(path), framework="pt")
+            self._handles[path] = _open_safetensors(path)
         return self._handles[path]
 
     def shape(self, name: str) -> list[int]:
         if name in self._preloaded:
             return list(self._preloaded[name].shape)
         return list(self._handle(self.files[name]).get_slice(name).get_shape())
+
+
+def _open_safetensors(path: Path) -> Any:
+    try:
+        return safe_open(str(path), framework="pt")
+    except Exception as e:  # SafetensorError, OSError: a truncated, empty or foreign file
+        raise CheckpointError(f"{path}: not a readable safetensors file ({e}); it is truncated or damaged: "
+                              "copy it again from its source, or write the model again") from None
 
 
 def check_names(ckpt: SafetensorsDir, expected: set[str], optional: set[str] = frozenset()) -> None:
@@ -394,7 +402,11 @@ def check_names(ckpt: SafetensorsDir, expected: set[str], optional: set[str] = f
             parts.append(f"missing {len(missing)} tensor(s): {', '.join(missing[:8])}")
         if unexpected:
             parts.append(f"unexpected {len(unexpected)} tensor(s): {', '.join(unexpected[:8])}")
-        raise CheckpointError(f"{ckpt.dir}: names do not match the model: {'; '.join(parts)}")
+        hint = ""
+        if unexpected and len(missing) > len(expected) / 2:  # little in common: another architecture's weights
+            hint = ("; most names differ, so these weights are of another architecture than config.json's "
+                    "model_type: pass a directory whose config.json and weights belong together")
+        raise CheckpointError(f"{ckpt.dir}: names do not match the model: {'; '.join(parts)}{hint}")
 
 
 def copy_into(model: nn.Module, ckpt: SafetensorsDir, names: Iterable[str]) -> None:

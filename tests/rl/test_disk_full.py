@@ -59,3 +59,33 @@ def test_disk_full_while_publishing_is_one_error_then_a_resume_gives_the_uninter
     assert again.returncode == 0, again.stderr[-3000:]
     diffs = [i.line() for i in compare_runs(ref, run) if i.difference]
     assert diffs == [], diffs
+
+
+def test_disk_full_while_writing_a_checkpoint_is_one_error_then_a_resume_gives_the_uninterrupted_run(
+        tmp_path, small_fs):
+    """With `--transport dist` no publication file is written, so the first write the full disk
+    refuses is update 2's checkpoint (in the background writer): the run stops with one line
+    naming the checkpoint, leaves nothing half-written, and a resume after space is freed ends
+    with the uninterrupted run's bits."""
+    dist = ("--transport", "dist")
+    ref = tmp_path / "ref"
+    assert _rl("--output", str(ref), *dist).returncode == 0
+    run = small_fs / "run"
+    first = _rl("--output", str(run), "--stop-after", "1", *dist)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert not (run / "publications").exists() or not any((run / "publications").iterdir())
+    filler = small_fs / "filler"
+    st = os.statvfs(small_fs)
+    with open(filler, "wb") as f:  # room for rollouts and records, not for a checkpoint
+        os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize - 256 * 1024)
+    full = _rl("--output", str(run), "--resume", *dist)
+    assert full.returncode == 1 and "Traceback" not in full.stderr, full.stderr[-3000:]
+    (line,) = [x for x in full.stderr.splitlines() if x.startswith("rl: error:")]
+    assert "no space left on the device" in line and f"{run / 'checkpoints'}/" in line, line
+    assert not [p for p in run.rglob(".*")], "a temporary directory or file was left behind"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["update-000001"]
+    filler.unlink()
+    again = _rl("--output", str(run), "--resume", *dist)
+    assert again.returncode == 0, again.stderr[-3000:]
+    diffs = [i.line() for i in compare_runs(ref, run) if i.difference]
+    assert diffs == [], diffs

@@ -369,10 +369,12 @@ def test_plain_sbatch_job_records_itself_for_status_logs_cancel_retry(slurm_jobs
     _assert_same(reference, run)
 
 
+@pytest.mark.slow
 def test_three_rollout_servers_over_nodes_give_the_one_engine_run(slurm_jobs, tmp_path: Path) -> None:
     """`submit.py rl --backend slurm --rollout-servers 3 --transport dist`: the rollout component
     is 3 tasks (one server each, 6 CPUs each, so they need two nodes of 16); unit k of each update
-    runs on server k mod 3; the run equals an in-process engine's bit for bit."""
+    runs on server k mod 3; the run equals an in-process engine's bit for bit.
+    Slow (~40 s): the in-process reference run, then a het job whose 4 processes each import torch."""
     from hobson.jobs.rl import main
     from tests.conftest import run_cli
 

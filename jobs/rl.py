@@ -85,6 +85,8 @@ HELP: dict[str, str] = {
     "on one server (default 0: the whole update); recorded, and part of the run's bits",
     "rollout_servers": "rollout servers to spread units over (default 1; engine_address_file then names each "
     "server's file with {index}); the results are identical for any number",
+    "checkpoint_every": "checkpoint after every K-th update and after the last update of the session (default 1); "
+    "a resume continues from the newest checkpoint and gives the same bits whatever K",
     "keep_checkpoints": "keep only the newest N checkpoints (0: all); an older one goes once a newer is written",
     "keep_publications": "keep the weights of only the newest N publications (0: all) and of the kept "
     "checkpoints' versions (a checkpoint reads its actor from them); manifests always stay",

@@ -77,3 +77,30 @@ def test_sigterm_at_a_phase_then_resume_gives_the_uninterrupted_run(reference, t
         done = _rl([*ARGS, *extra, "--output", str(out), "--resume"])
         _, err = done.communicate(timeout=300)
         assert done.returncode == 1 and "the run already finished all 3 updates" in err, err[-3000:]
+
+
+def test_checkpoint_every_k_then_a_resume_replays_from_the_newest_bit_for_bit(tmp_path):
+    """`--checkpoint-every 2` over 4 updates: checkpoints exist for updates 2 and 4 only (the
+    settings decide, never timing). A run stopped by SIGTERM before update 4 (update 3 done, not
+    checkpointed) resumes from checkpoint 2, replays update 3 and ends with the uninterrupted run."""
+    args = [*ARGS[:2], "--updates", "4", *ARGS[4:], "--checkpoint-every", "2"]
+    ref = tmp_path / "ref"
+    p = _rl([*args, "--output", str(ref)])
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-3000:]
+    assert sorted(c.name for c in (ref / "checkpoints").iterdir()) == ["update-000002", "update-000004"]
+    out, holds = tmp_path / "run", tmp_path / "holds"
+    p = _rl([*args, "--output", str(out)], {faults.ENV_POINTS: "update-4", faults.ENV_DIR: str(holds)})
+    faults.wait_held(holds, "update-4", 300, alive=lambda: p.poll() is None)
+    os.kill(p.pid, signal.SIGTERM)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 143, err[-3000:]
+    assert sorted(c.name for c in (out / "checkpoints").iterdir()) == ["update-000002"]
+    again = _rl([*args, "--output", str(out), "--resume"])
+    _, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err[-3000:]
+    sessions = json.loads((out / "run.json").read_text())["rl"]["sessions"]
+    assert [s["updates_run"] for s in sessions] == [[1, 2, 3], [3, 4]]
+    assert sessions[1]["resumed_from"] == "checkpoints/update-000002"
+    diffs = [i.line() for i in compare_runs(ref, out) if i.difference]
+    assert diffs == [], diffs

@@ -24,7 +24,7 @@ PRECISIONS = {"fp32": "float32", "fp16": "float16"}
 RESUME_MAY_CHANGE = frozenset(
     {"stop_after", "resume", "engine_address_file", "engine_timeout", "publish_timeout", "engine_ready_timeout",
      "keep_checkpoints", "keep_publications", "checkpoint_in_line", "transport", "weight_bucket_mb",
-     "rollout_servers"}
+     "rollout_servers", "checkpoint_every"}
 )
 # how each version reaches the engine (hobson.rollout.transport); the bits are the same either way
 TRANSPORT_NAMES = ("shared-dir", "dist")
@@ -44,7 +44,7 @@ class RLConfig:
         "kl_budget": "> 0", "grad_clip": ">= 0", "backprop_steps": ">= 1", "loss_scale": "> 0",
         "engine_timeout": "> 0", "publish_timeout": "> 0", "engine_ready_timeout": "> 0", "keep_checkpoints": ">= 0",
         "keep_publications": ">= 0", "weight_bucket_mb": "> 0",
-        "rollout_servers": ">= 1", "rollout_unit": ">= 0",
+        "rollout_servers": ">= 1", "rollout_unit": ">= 0", "checkpoint_every": ">= 1",
     }
 
     algorithm: str = "grpo"
@@ -107,6 +107,9 @@ class RLConfig:
     rollout_unit: int = 0
     rollout_servers: int = 1  # rollout servers (engine_address_file then holds {index}); any N, same bits
     # disk: official-size checkpoints are tens of GB (fp16 keeps fp32 master weights); 0 keeps all
+    # checkpoint after every K-th update (and always after the last update of a session): which
+    # checkpoints exist depends on this alone; a resume replays from the newest, bit for bit
+    checkpoint_every: int = 1
     keep_checkpoints: int = 0  # the newest N checkpoints stay, older ones are removed once a newer is whole
     keep_publications: int = 0  # weights kept: the newest N versions and checkpointed ones (0: all); manifests stay
     # write each checkpoint before the next update starts, instead of in a background thread from a

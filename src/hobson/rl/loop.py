@@ -638,7 +638,9 @@ class RLRecipe:
                 faults.hold(f"publish-{update}")
                 man = self.publish_update(update)
                 faults.hold(f"checkpoint-{update}")
-                background = self.checkpoint(update, man)
+                background = False
+                if update % self.cfg.checkpoint_every == 0 or update == last:
+                    background = self.checkpoint(update, man)
                 faults.hold(f"log-{update}")  # a background checkpoint may still be being written here
                 self.log(update, ro, stats, background)
             faults.hold("finish")

@@ -293,7 +293,7 @@ def rl_cmd(args, model_dir: Path, alg: str, out: Path, *extra: str) -> list[str]
         "--device", args.device,
         "--engine-device", args.engine_device, "--reward", args.reward, "--keep-checkpoints", "1",
         "--keep-publications", "1", *(["--recompute"] if args.size == "official" else []),
-        "--transport", args.transport, *extra,
+        "--transport", args.transport, "--checkpoint-every", str(args.checkpoint_every), *extra,
     ]
 
 
@@ -368,7 +368,8 @@ def _free_gb(path: Path) -> float:
 
 
 def print_e2e(args, alg: str, e: dict) -> None:
-    print(f"\n### e2e: {args.kind} {alg}, train {args.device}, rollout {args.engine_device}, {args.transport}, "
+    print(f"\n### e2e: {args.kind} {alg}, train {args.device}, rollout {args.engine_device}, "
+          f"{args.transport}, K={args.checkpoint_every}, "
           f"{precision(args)}, full run {e['wall_full_s']} s\n")
     keys = ["rollout", "reward", "recompute", "optimizer", "publish_write", "engine_load", "checkpoint",
             "checkpoint_write"]
@@ -415,6 +416,7 @@ def main() -> None:
     p.add_argument("--profile", action="store_true",
                    help="rollout: also profile one generate of each engine and print where the time goes")
     p.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    p.add_argument("--checkpoint-every", type=int, default=1, help="e2e: checkpoint every K updates (default 1)")
     p.add_argument("--transport", default="shared-dir", choices=["shared-dir", "dist"],
                    help="e2e: how versions reach the engine (dist with the engine in-process: a hand-off)")
     p.add_argument("--resume-algorithms", default=",".join(ALGORITHMS), help="those also stopped and resumed")

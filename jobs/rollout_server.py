@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from hobson.errors import HobsonError
@@ -63,8 +64,15 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from hobson.rollout.server import serve
 
-        return serve(args.address_file, device=args.device, bind=args.bind, port=args.port, advertise=args.advertise,
-                     secret_file=args.secret_file, index=args.index)
+        code = serve(args.address_file, device=args.device, bind=args.bind, port=args.port,
+                     advertise=args.advertise, secret_file=args.secret_file, index=args.index)
+        # Everything is done (answered, address file removed). Leave without the interpreter's
+        # teardown: a daemon thread (a request handler, torch's pools) still running while the
+        # runtime is destroyed ends the process in "terminate called without an active
+        # exception" (SIGABRT) now and then, and the job would see a failed server.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     except HobsonError as e:
         print(f"rollout_server: error: {e}", file=sys.stderr)
         return 1

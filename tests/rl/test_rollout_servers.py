@@ -30,7 +30,8 @@ def _run(out: Path, template: str, n: int, *extra: str) -> None:
     try:
         assert main([*ARGS, "--output", str(out), "--rollout-servers", str(n), "--engine-address-file", template,
                      *extra]) == 0
-        assert [p.wait(timeout=30) for p in procs] == [0] * n  # the trainer shut each down
+        outs = [p.communicate(timeout=30)[0] for p in procs]
+        assert [p.returncode for p in procs] == [0] * n, outs  # the trainer shut each down
     finally:
         for p in procs:
             stop_server(p)

@@ -150,3 +150,19 @@ def test_a_model_directory_of_another_architecture_is_one_clear_error(tmp_path: 
         assert len(err) == 1 and err[0].startswith("rl: error: ") and str(model) in err[0], err
         assert all(w in err[0] for w in words), err
         assert not (out / "checkpoints").exists()
+
+
+def test_a_missing_deepspeed_is_one_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--trainer deepspeed` (the default) in a Python without deepspeed (a GPU image without the RL
+    extra): one line naming the setting and both ways out, before anything is written."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
+    out = tmp_path / "run"
+    assert main(["--output", str(out), "--updates", "1", "--device", "cpu"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rl: error: --trainer deepspeed"), err
+    assert "pip install -e" in err[0] and "--trainer torch" in err[0]
+    assert not out.exists() or not any(out.iterdir())

@@ -444,6 +444,13 @@ def remove_stale_temporaries(out: Path) -> list[str]:
 
 
 def _check_devices(cfg: RLConfig) -> None:
+    import importlib.util
+
+    if cfg.trainer == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+        # (was an internal error at the first optimizer set-up, after the models were built)
+        raise ConfigError("--trainer deepspeed (the default): the deepspeed package is not installed in this "
+                          "Python; install the RL extra (pip install -e \".[rl]\"), or pass --trainer torch "
+                          "(one process, plain torch)")
     check_device(cfg.device, "--device", "DEVICE in the sbatch scripts")
     if cfg.engine_address_file is None and cfg.engine_device:  # a remote server checks its own
         check_device(cfg.engine_device, "--engine-device", "ENGINE_DEVICE in the sbatch scripts")

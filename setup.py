@@ -21,8 +21,10 @@ CORE = [
 TRAIN = ["peft>=0.13", "accelerate>=1.0", "tensorboard>=2.14"]
 RL = ["deepspeed>=0.15", "math-verify>=0.7", "tensorboard>=2.14"]
 AWS = ["boto3>=1.34"]
+# `serve`: an ASGI framework and its server; httpx is what the tests talk to it with
+SERVE = ["starlette>=0.37", "uvicorn>=0.30"]
 # pytest-timeout: a hung test fails on its own (with its stacks) instead of stalling CI to its limit
-DEV = ["pytest>=8", "pytest-timeout>=2.1", "ruff>=0.6", "moto[server]>=5.0", "scipy>=1.10"]
+DEV = ["pytest>=8", "pytest-timeout>=2.1", "ruff>=0.6", "moto[server]>=5.0", "scipy>=1.10", "httpx>=0.27"]
 
 # The launcher, the job entry points and the AWS runner stay top-level folders of the checkout
 # (``python launch/submit.py``, ``python -m jobs.<name>`` from the repo root) but are installed
@@ -53,7 +55,8 @@ setup(
         "train": TRAIN,
         "rl": RL,
         "aws": AWS,
-        "dev": DEV + TRAIN + RL + AWS,
-        "all": TRAIN + RL + AWS + DEV,
+        "serve": TRAIN + SERVE,
+        "dev": DEV + TRAIN + RL + AWS + SERVE,
+        "all": TRAIN + RL + AWS + SERVE + DEV,
     },
 )

@@ -194,12 +194,12 @@ def _serve(args: argparse.Namespace) -> int:
             _remove_own(Path(args.address_file))
     if service.error is not None:
         return 1
-    for sig in received:
-        handler = previous[sig]
-        if callable(handler) and handler not in (signal.default_int_handler,):
-            handler(sig, None)
     print(f"serve: stopped ({service.batcher.stats.questions if service.batcher else 0} questions answered)",
           flush=True)
+    for sig in received:  # e.g. hobson.stagerun's: its record then says the stage was stopped
+        handler = previous[sig]
+        if callable(handler) and handler is not signal.default_int_handler:
+            handler(sig, None)
     return 0
 
 

@@ -412,6 +412,14 @@ def _toposort(jobs: list[JobSpec]) -> list[JobSpec]:
 RL_TRAINING, RL_ROLLOUT = "training", "rollout"
 
 
+def serve_job(job_args: list[str], *, gpus: int = 0, cpus: int = 4, mem_gb: int = 16,
+              time: str = "24:00:00") -> JobSpec:
+    """A decider server (``hobson.jobs.serve``) as one job: no outputs, so it is never "done" and a
+    retry starts it again; its address lands where ``job_args`` say (``--address-file``)."""
+    return JobSpec(name="serve", stage="serve", job="serve", job_args=list(job_args), inputs=[], outputs=[],
+                   resources=Resources(gpus=gpus, cpus=cpus, mem_gb=mem_gb, time=time))
+
+
 def rl_job(job_args: list[str], outputs: list[str], *, train_gpus: int = 1, rollout_gpus: int = 1,
            colocated: bool = False, resources: dict[str, dict] | None = None, rollout_servers: int = 1) -> JobSpec:
     """The RL run as one job of two components: ``training`` (one task on ``train_gpus``) and

@@ -194,7 +194,28 @@ def cmd_status(args: argparse.Namespace) -> int:
     if said:
         print(said)
     print(status.render(paths, backend, all_shards=args.shards))
+    serving = _serve_status(paths)
+    if serving:
+        print(serving)
     return 0
+
+
+def _serve_status(paths: RunPaths) -> str | None:
+    """Where a serve run's server listens, and what its /healthz says now."""
+    import json
+
+    from hobson.serve.client import ADDRESS, request
+
+    address = paths.run_dir / ADDRESS
+    if not address.is_file():
+        return None
+    a = json.loads(address.read_text(encoding="utf-8"))
+    try:
+        health = request(f"{a['url']}/healthz", timeout_s=3).get("status", "?")
+    except HobsonError as e:
+        health = f"not answering ({e})"
+    return (f"serve: {a['url']} on node {a.get('node')} (pid {a.get('pid')}, since {a.get('started_utc')}): {health}\n"
+            f"  ask it: python launch/submit.py ask --server {paths.run_dir} --state '...' --choice 'Q=a,b'")
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
@@ -228,6 +249,10 @@ def cmd_retry(args: argparse.Namespace) -> int:
     backend = backends.for_run(paths)
     if "rl" in (meta.get("options") or {}):
         return _launch_rl(_rl_launch_from_record(paths, meta), backend, retry=True, dry_run=args.dry_run)
+    if "serve" in (meta.get("options") or {}):
+        o = meta["options"]
+        return _launch_serve(paths, backend, _serve_spec(o), o.get("host_argv", []), retry=True,
+                             dry_run=args.dry_run)
     opts = meta["options"]
     ns = argparse.Namespace(
         stages=opts["stages"], ngpu=opts["ngpu"], config=Path(opts["config"]), cluster=Path(opts["cluster"]),
@@ -439,7 +464,8 @@ def build_parser() -> argparse.ArgumentParser:
             ("compare", "compare", "McNemar's exact test per task between two evaluations: EVAL_A EVAL_B"),
             ("ask", "ask", "ask a checkpoint: CKPT --state '...' --choice 'Q=a,b'"),
             ("verify-resume", "verify_resume", "compare two RL runs item by item (bit for bit): RUN_A RUN_B"),
-            ("rl", "rl", "recurrent-policy RL (ppo, grpo, dppo, flow-dppo) as a recorded run; rl --help")):
+            ("rl", "rl", "recurrent-policy RL (ppo, grpo, dppo, flow-dppo) as a recorded run; rl --help"),
+            ("serve", "serve", "serve a decider checkpoint over HTTP as a recorded run: CKPT; serve --help")):
         sp = sub.add_parser(name, help=text, add_help=False,
                             description=f"{text}. Runs hobson.jobs.{job} here; `{name} --help` lists its flags.")
         sp.add_argument("rest", nargs=argparse.REMAINDER, help=f"arguments of python -m jobs.{job}")
@@ -568,6 +594,102 @@ def _record_and_launch_rl(run: _RLRun, backend: Backend, retry: bool, launch: La
     return code
 
 
+SERVE_USAGE = """python launch/submit.py serve CKPT [--backend local|slurm|aws] [--host H] [--port N]
+    [--max-batch-tokens N] [--device cpu|cuda] [--run-dir DIR] [--time HH:MM:SS] [--dry-run] [SERVE FLAGS]
+
+A decider checkpoint behind HTTP (python -m jobs.serve --help lists the endpoints and every flag
+not named here) as a recorded run: `status RUN` shows where it listens and whether it is ready,
+`ask --server RUN` asks it, `cancel RUN` stops it, `logs RUN serve` shows its log. Locally it runs
+in the foreground on 127.0.0.1:8000 (Ctrl-C stops it). On Slurm it is a job (one GPU with
+--device cuda) that listens on its node's address, on a free port, guarded by a bearer token the
+launcher writes to <run>/serve/token (mode 0600); its address goes to <run>/serve/address.json."""
+
+
+def cmd_serve(argv: list[str]) -> int:
+    from hobson.serve.client import ADDRESS
+
+    p = argparse.ArgumentParser(prog=f"{_prog()} serve", usage=SERVE_USAGE, add_help=False)
+    p.add_argument("checkpoint", nargs="?")
+    p.add_argument("--backend", choices=BACKENDS, default=None)
+    p.add_argument("--run-dir", default=None)
+    p.add_argument("--logs-dir", default=None)
+    p.add_argument("--cluster", type=Path, default=DEFAULT_CLUSTER)
+    p.add_argument("--partition", default=None)
+    p.add_argument("--account", default=None)
+    p.add_argument("--aws-config", type=Path, default=None)
+    p.add_argument("--allow-dirty", action="store_true")
+    p.add_argument("--detach", action="store_true")
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--time", default="24:00:00")
+    p.add_argument("--host", default=None)
+    p.add_argument("--port", default=None)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--token-file", default=None)
+    p.add_argument("-h", "--help", action="store_true")
+    args, rest = p.parse_known_args(argv)
+    if args.help:
+        print(SERVE_USAGE)
+        return 0
+    if not args.checkpoint:
+        raise HobsonError(f"serve: give the checkpoint directory: {SERVE_USAGE.splitlines()[0]}")
+    if not Path(args.checkpoint).is_dir():
+        raise HobsonError(f"serve: {args.checkpoint}: no such checkpoint directory")
+    args.ngpu = 1
+    backend = backends.create(args.backend, _backend_options(args))
+    paths = RunPaths.create(Path(args.run_dir) if args.run_dir else Path("runs") / new_run_id(), args.logs_dir)
+    # A job on another machine must listen where the launcher's side can reach it, and then a
+    # token guards it; on this machine the server stays on loopback.
+    host = args.host or ("node" if backend.remote else "127.0.0.1")
+    port = args.port or ("0" if backend.remote else "8000")
+    job_args = [str(Path(args.checkpoint).resolve()), "--host", host, "--port", port, "--device", args.device,
+                "--address-file", str((paths.run_dir / ADDRESS).resolve())]
+    token_file = args.token_file
+    if token_file is None and host not in ("127.0.0.1", "localhost", "::1"):
+        from hobson.rollout.transport import make_secret
+
+        token_file = str((paths.run_dir / "serve" / "token").resolve())
+        if not args.dry_run:
+            make_secret(token_file)  # mode 0600 from its first byte
+    if token_file:
+        job_args += ["--token-file", token_file]
+    spec = {"serve": [*job_args, *rest], "gpus": 1 if args.device.startswith("cuda") else 0, "time": args.time}
+    host_argv = ["serve", *[a for a in argv if a not in ("--detach", "--allow-dirty")]]
+    return _launch_serve(paths, backend, spec, host_argv, retry=False, dry_run=args.dry_run)
+
+
+def _serve_spec(options: dict) -> dict:
+    return {"serve": list(options["serve"]), "gpus": int(options.get("gpus", 0)), "time": options["time"]}
+
+
+def _launch_serve(paths: RunPaths, backend: Backend, spec: dict, host_argv: list[str], *, retry: bool,
+                  dry_run: bool) -> int:
+    from hobson.serve.client import ADDRESS
+
+    job = dag.serve_job(spec["serve"], gpus=spec["gpus"], time=spec["time"])
+    launch = Launch(paths, [job], host_argv=lambda: host_argv)
+    if dry_run:
+        print(backend.dry_run(launch))
+        return 0
+    with launcher_lock(paths, "retry" if retry else "launch"):
+        _refuse_active(paths, backend, "retry" if retry else "launch")
+        paths.run_dir.mkdir(parents=True, exist_ok=True)
+        options = {**spec, "host_argv": host_argv}
+        if paths.run_json.exists():
+            meta = read_run_json(paths)
+            meta.setdefault("invocations", []).append({"command": sys.argv, "options": options,
+                                                       "backend": backend.name})
+        else:
+            meta = new_run_json(paths, argv=sys.argv, backend=backend.name, options=options, config_digests={})
+        write_run_json(paths, backends.record(meta, backend))
+        print(f"run {paths.run_dir.name}: serve on the {backend.name} backend; its address goes to "
+              f"{paths.run_dir / ADDRESS} (status {paths.run_dir} shows it; ask --server {paths.run_dir} asks it; "
+              f"log: logs {paths.run_dir} serve)", flush=True)
+        code = backend.retry(launch) if retry else backend.launch(launch)
+    if backend.waits:
+        print(f"serve {'stopped' if code == 0 else f'failed (exit {code})'}: log in {paths.log('serve')}")
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in PASSTHROUGH:  # their own parsers own every flag, --help included
@@ -575,6 +697,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv and argv[0] == "rl":
             return cmd_rl(argv[1:])
+        if argv and argv[0] == "serve":
+            return cmd_serve(argv[1:])
         args = build_parser().parse_args(argv)
         return args.fn(args)
     except HobsonError as e:

@@ -28,6 +28,8 @@ class AwsBackend(AwsSession):
         be.options = options
         return be
 
+    remote = True  # the EC2 host
+
     @property
     def waits(self) -> bool:
         return self.follow  # detached: launch returns once the host started the run

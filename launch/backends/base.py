@@ -64,6 +64,7 @@ class Backend(Protocol):
     name: ClassVar[str]
     options: BackendOptions
     waits: bool  # launch returns after the run ended (run here, or followed), not after submitting
+    remote: bool  # jobs run on other machines than the launcher's: a server a job starts must listen beyond loopback
 
     def dry_run(self, launch: Launch) -> str:
         """Exactly what :meth:`launch` would run or submit; runs and submits nothing."""

@@ -44,6 +44,7 @@ class _Task:
 class LocalBackend:
     name = "local"
     waits = True
+    remote = False
 
     def __init__(self, ngpu: int, options: BackendOptions | None = None) -> None:
         self.ngpu = max(ngpu, 1)

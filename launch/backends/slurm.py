@@ -157,6 +157,7 @@ def max_array_size() -> int:
 class SlurmBackend:
     name = "slurm"
     waits = False  # launch submits; status follows
+    remote = True
 
     def __init__(self, profile: ClusterProfile, ngpu: int, options: BackendOptions | None = None) -> None:
         self.profile = profile

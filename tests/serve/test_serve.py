@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 
 import httpx
 import pytest
@@ -264,3 +265,34 @@ def test_a_corrupt_checkpoint_is_one_clear_error_and_exit_1(calibrated, tmp_path
     missing = subprocess.run([sys.executable, "-m", "jobs.serve", str(tmp_path / "none"), "--port", "0"],
                              cwd=REPO, capture_output=True, text=True, timeout=120)
     assert missing.returncode == 1 and "no such checkpoint directory" in missing.stderr
+
+
+def test_submit_serve_runs_locally_in_the_foreground_and_cancel_stops_it(calibrated, tmp_path):
+    """`submit.py serve CKPT` (no Slurm): a recorded run on the local backend, on loopback;
+    `status` finds it ready, `ask --server RUN` asks it, `cancel RUN` stops it."""
+    from tests.conftest import _env, run_cli
+
+    run_dir = tmp_path / "run"
+    launcher = subprocess.Popen([sys.executable, str(REPO / "launch" / "submit.py"), "serve", str(calibrated),
+                                 "--backend", "local", "--port", "0", "--run-dir", str(run_dir), "--logs-dir",
+                                 str(tmp_path / "logs"), "--threads", "1"],
+                                cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        address = run_dir / "serve" / "address.json"
+        while not address.exists():
+            assert launcher.poll() is None, launcher.stdout.read()
+            time.sleep(0.05)
+        url = json.loads(address.read_text())["url"]
+        assert url.startswith("http://127.0.0.1:") and json.loads(address.read_text())["token_file"] is None
+        with httpx.Client(base_url=url, timeout=60) as c:
+            while c.get("/healthz").status_code != 200:
+                time.sleep(0.05)
+        assert "): ready" in run_cli("status", str(run_dir)).stdout
+        argv = ["--state", "x", "--choice", "Q?=a,b"]
+        assert run_cli("ask", "--server", str(run_dir), *argv).stdout == run_cli("ask", str(calibrated), *argv).stdout
+        run_cli("cancel", str(run_dir))
+        out, _ = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert "serve on the local backend" in out and not address.exists()

@@ -33,10 +33,16 @@ class CheckpointError(DataError):
 
 class Linear(nn.Linear):
     """``nn.Linear`` without its default init: providers always initialise or load every weight,
-    and skipping it keeps builds of multi-billion-parameter models fast (on meta, too)."""
+    and skipping it keeps builds of multi-billion-parameter models fast (on meta, too). Inside
+    :class:`fused_kernels` a product of at most 16 rows runs :func:`linear`'s decode kernel."""
 
     def reset_parameters(self) -> None:
         pass
+
+    def forward(self, input: Tensor) -> Tensor:
+        if self.bias is None:
+            return linear(input, self.weight)
+        return nn.functional.linear(input, self.weight, self.bias)
 
 
 class Embedding(nn.Embedding):
@@ -52,9 +58,11 @@ class Embedding(nn.Embedding):
 # A decode step of these models is thousands of tiny elementwise kernels (a Huginn step runs 132
 # blocks); under CUDA-graph replay their launch cost is gone but each still costs a few µs of GPU
 # time. Inside ``fused_kernels()`` the norm, RoPE and gated-MLP chains run as torch.compile'd
-# kernels (one kernel per chain). Only the rollout engine turns it on, on CUDA; training and every
-# CPU path stay eager (the engine/trainer log-prob agreement bound covers the rounding).
-# HOBSON_FUSED_KERNELS=0 turns it off; a failed compile falls back to the eager kernels.
+# kernels (one kernel per chain), and products of at most 16 rows run a weight-streaming GEMM
+# (linear()). Only the rollout engine turns it on, on CUDA; training and every CPU path stay eager
+# (the engine/trainer log-prob agreement bound covers the rounding). HOBSON_FUSED_KERNELS=0 turns
+# the compiled chains off (a failed compile falls back to the eager kernels), HOBSON_SKINNY_GEMM=0
+# the GEMM.
 
 _FUSED = {"on": False}
 
@@ -92,6 +100,19 @@ def fused(fn: Any) -> Any:
 
     call.__wrapped__ = fn  # type: ignore[attr-defined]
     return call
+
+
+def linear(x: Tensor, weight: Tensor) -> Tensor:
+    """``x @ weight.T``. Inside :class:`fused_kernels`, on CUDA, with at most 16 rows (a decode step
+    at batch ≤ 16), the weight-streaming kernel of :mod:`hobson.models.skinny`: cuBLAS's kernels
+    for these shapes read the weights at well under the memory bandwidth. Everywhere else (training,
+    prefill, CPU) ``torch.nn.functional.linear``, unchanged."""
+    if _FUSED["on"] and x.is_cuda:
+        from hobson.models import skinny
+
+        if skinny.usable(x, weight):
+            return skinny.linear(x, weight)
+    return nn.functional.linear(x, weight)
 
 
 @fused

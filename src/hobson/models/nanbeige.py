@@ -31,6 +31,7 @@ from hobson.models.common import (
     finish_step,
     fused,
     generator_normal_,
+    linear,
     prepare_attention,
     silu_mul,
 )
@@ -205,7 +206,7 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         if self.qkv_weight is not None:
             sizes = (self.n_head * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim)
-            q, k, v = nn.functional.linear(x, self.qkv_weight).split(sizes, dim=-1)
+            q, k, v = linear(x, self.qkv_weight).split(sizes, dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
@@ -231,7 +232,7 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.gate_up_weight is not None:
-            gate, up = nn.functional.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+            gate, up = linear(x, self.gate_up_weight).chunk(2, dim=-1)
             return self.down_proj(silu_mul(gate, up))
         return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
 

@@ -38,7 +38,8 @@ def _engine(tmp_path: Path, kind: str) -> NativeEngine:
 
 @pytest.mark.parametrize("kind", ["nanbeige", "huginn_raven"])
 def test_graph_replay_samples_as_eager_steps(tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Sampling is inside the decode graph: replays draw each row's noise as eager steps do."""
+    """Sampling is inside the decode graph: replays draw each row's noise as eager steps do, also
+    when a warm engine replays the first decode step instead of running it eagerly."""
     engine = _engine(tmp_path, kind)
     prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13], [14]]
     seeds = [11, 12, 13, 14]
@@ -50,12 +51,15 @@ def test_graph_replay_samples_as_eager_steps(tmp_path: Path, kind: str, monkeypa
         return capture(step, cache, gens)
 
     monkeypatch.setattr(NativeEngine, "_capture", staticmethod(counting))
-    graphed = engine.generate(prompts, seeds, 1.0, 32)
+    graphed = engine.generate(prompts, seeds, 1.0, 32)  # an eager first decode step, then replays
     assert captured == [len(prompts)]
+    warm = engine.generate(prompts, seeds, 1.0, 32)  # this batch size is warm: every decode step replayed
+    assert captured == [len(prompts)] * 2
     monkeypatch.setattr(NativeEngine, "_capture", staticmethod(lambda step, cache, gens: None))
     eager = engine.generate(prompts, seeds, 1.0, 32)
-    assert [c.tokens for c in graphed] == [c.tokens for c in eager]
-    assert [c.logprobs for c in graphed] == [c.logprobs for c in eager]
+    for run in (graphed, warm):
+        assert [c.tokens for c in run] == [c.tokens for c in eager]
+        assert [c.logprobs for c in run] == [c.logprobs for c in eager]
     assert len({tuple(c.tokens) for c in eager}) == len(prompts)  # rows really sampled, not one argmax
 
 

@@ -53,6 +53,21 @@ def write_json(path: str | os.PathLike, result: Any) -> None:
     write_json_atomic(path, json.loads(json.dumps(result, default=str)))
 
 
+def commit() -> str | None:
+    """The checkout's commit (``git rev-parse HEAD``), else ``$HOBSON_BENCH_COMMIT`` (a copy of the
+    tree without its ``.git``, such as a lent GPU machine's), else None."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=10)
+        if out.returncode == 0:
+            return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("HOBSON_BENCH_COMMIT")
+
+
 def gib(n: float) -> float:
     return round(n / GiB, 3)
 

@@ -28,6 +28,7 @@ after every part (a run cut short keeps what finished):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -42,6 +43,7 @@ from common import best, log, release, sync, write_json
 
 from hobson.models import PROVIDERS, tiny_config
 from hobson.models.common import KVCache
+from hobson.models.logprobs import token_logprobs
 from hobson.rollout import publication
 from hobson.rollout.engine import NativeEngine, forward_kwargs
 
@@ -110,10 +112,45 @@ def hf_style_generate(model, prompts: torch.Tensor, seeds: list[int], new_tokens
         logits = model.decode_step(nxt, cache, **kw)
 
 
+@contextlib.contextmanager
+def skinny_gemm(on: bool):
+    """The engine's batch-16 decode GEMM kernel on or off (off: cuBLAS, as before session 12)."""
+    prev = os.environ.get("HOBSON_SKINNY_GEMM")
+    os.environ["HOBSON_SKINNY_GEMM"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if prev is None:
+            del os.environ["HOBSON_SKINNY_GEMM"]
+        else:
+            os.environ["HOBSON_SKINNY_GEMM"] = prev
+
+
+def logprob_gap(e: NativeEngine, model, plist: list[list[int]], seeds: list[int], N: int, T: float) -> float:
+    """The largest |engine log-prob − trainer log-prob| over one generate's tokens: the trainer's
+    forward is the eager full-sequence one (separate projections, torch's GEMMs), as in RL."""
+    outs = e.generate(plist, seeds, T, N)
+    P = len(plist[0])  # the bench's prompts all have one length, and no row stops early
+    ids = torch.tensor([p + c.tokens for p, c in zip(plist, outs, strict=True)], device=e.device)
+    if hasattr(model, "fuse_projections"):
+        model.fuse_projections(False)  # training never stacks
+    try:
+        with torch.no_grad():
+            logits = model(ids, **forward_kwargs(model, seeds))[:, P - 1 : -1]
+            trainer = token_logprobs(logits, ids[:, P:], T).cpu()
+    finally:
+        if hasattr(model, "fuse_projections"):
+            model.fuse_projections(True)
+    del logits
+    behaviour = torch.tensor([c.logprobs for c in outs])
+    return float((trainer - behaviour).abs().max())
+
+
 def part_rollout(args, res: dict) -> None:
     dev = args.engine_device
+    dtype = getattr(torch, args.rollout_dtype)
     cfg = config_for(args.kind, args.size)
-    model = random_model(args.kind, cfg, torch.bfloat16, dev)
+    model = random_model(args.kind, cfg, dtype, dev)
     provider = PROVIDERS[args.kind]
     B, P, N, T = args.batch, args.prompt_tokens, args.new_tokens, 0.8
     g = torch.Generator().manual_seed(0)
@@ -121,19 +158,31 @@ def part_rollout(args, res: dict) -> None:
     seeds = list(range(B))
     rows = {}
 
-    def engine(graphs: bool) -> NativeEngine:
-        e = NativeEngine(provider, dtype=torch.bfloat16, device=dev, eos_id=-1, pad_id=0, model_revision="bench",
-                         engine_revision="bench", cuda_graphs=graphs)
+    def engine(graphs: bool, warm_start: bool = True) -> NativeEngine:
+        e = NativeEngine(provider, dtype=dtype, device=dev, eos_id=-1, pad_id=0, model_revision="bench",
+                         engine_revision="bench", cuda_graphs=graphs, warm_start=warm_start)
         e.serve(model, 0, "bench")  # a bench shortcut: no publication needed
         return e
 
     plist = prompts.tolist()
-    for name, graphs in (("native engine (CUDA graphs)", True), ("native engine (eager)", False)):
-        e = engine(graphs)
-        e.generate(plist[:2], seeds[:2], T, 4)  # warm-up
-        prefill = best(lambda e=e: e.generate(plist, seeds, T, 1), 2, dev)
-        total = best(lambda e=e: e.generate(plist, seeds, T, N), 2, dev)
-        rows[name] = {"seconds": total, "prefill_s": prefill}
+    gaps = {}
+    # the engine as it was before session 12, in the same run: cuBLAS for every decode GEMM (the
+    # fp32 kernel off) and an eager first decode step in every generate (no warm start)
+    before = "native engine (CUDA graphs), before session 12"
+    for name, graphs, new in (("native engine (CUDA graphs)", True, True), (before, True, False),
+                              ("native engine (eager)", False, False)):
+        e = engine(graphs, warm_start=new)
+        with skinny_gemm(new):
+            e.generate(plist[:2], seeds[:2], T, 4)  # warm-up
+            prefill = best(lambda e=e: e.generate(plist, seeds, T, 1), 2, dev)
+            total = best(lambda e=e: e.generate(plist, seeds, T, N), 2, dev)
+            rows[name] = {"seconds": total, "prefill_s": prefill}
+            if graphs:
+                # a generate's decode includes the graph's capture (and before session 12 an eager
+                # step); the difference of two lengths is what one more replayed step costs
+                half = best(lambda e=e: e.generate(plist, seeds, T, N // 2), 2, dev)
+                rows[name]["replay_ms_per_step"] = (total - half) / (N - N // 2) * 1000
+                gaps[name] = logprob_gap(e, model, plist, seeds, N, T)
         log(f"{name}: {B * N / total:.1f} tok/s")
     ids = prompts.to(dev)
     if hasattr(model, "fuse_projections"):
@@ -153,15 +202,26 @@ def part_rollout(args, res: dict) -> None:
             prefill_tokens_per_s=B * P / r["prefill_s"],
             ratio_vs_hf_style=base["seconds"] / r["seconds"],
         )
-    out = {"dtype": "bfloat16", "batch": B, "prompt_tokens": P, "new_tokens": N, "engines": rows}
+    out = {"dtype": args.rollout_dtype, "batch": B, "prompt_tokens": P, "new_tokens": N, "engines": rows,
+           "engine_vs_trainer_logprob_gap": gaps}
     if args.profile:
         out["profile"] = profile_rollout(engine(True), model, plist, ids, seeds, N, T, dev)
-    print(f"\n### rollout: {args.kind} ({args.size}), bf16, batch {B}, {P} prompt + {N} new tokens, T={T}\n")
-    print("| engine | tokens/s | decode ms/step | decode tok/s | prefill tok/s | × HF-style |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print(f"\n### rollout: {args.kind} ({args.size}), {args.rollout_dtype}, batch {B}, {P} prompt + {N} new tokens, "
+          f"T={T}\n")
+    print("| engine | tokens/s | decode ms/step | replayed step ms | decode tok/s | prefill tok/s | × HF-style | "
+          "engine − trainer log-prob, max |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, r in rows.items():
-        print(f"| {name} | {r['tokens_per_s']:.0f} | {r['decode_ms_per_step']:.1f} | {r['decode_tokens_per_s']:.0f} | "
-              f"{r['prefill_tokens_per_s']:.0f} | {r['ratio_vs_hf_style']:.2f} |")
+        replay = f"{r['replay_ms_per_step']:.2f}" if "replay_ms_per_step" in r else ""
+        gap = f"{gaps[name]:.1e}" if name in gaps else ""
+        print(f"| {name} | {r['tokens_per_s']:.0f} | {r['decode_ms_per_step']:.2f} | {replay} | "
+              f"{r['decode_tokens_per_s']:.0f} | {r['prefill_tokens_per_s']:.0f} | {r['ratio_vs_hf_style']:.2f} | "
+              f"{gap} |")
+    fast, old = rows["native engine (CUDA graphs)"], rows[before]
+    out["vs_before_session_12"] = old["decode_ms_per_step"] / fast["decode_ms_per_step"]
+    out["decode_ms_per_step"] = fast["decode_ms_per_step"]
+    print(f"\nthe engine before session 12 -> now, same run: {old['decode_ms_per_step']:.2f} -> "
+          f"{fast['decode_ms_per_step']:.2f} ms/step ({out['vs_before_session_12']:.2f}x)")
     if args.kind == "huginn_raven":
         ref = REFERENCE_HUGINN
         nat = rows["native engine (CUDA graphs)"]
@@ -409,6 +469,8 @@ def main() -> None:
     cuda = torch.cuda.is_available()
     p.add_argument("--device", default="cuda:0" if cuda else "cpu", help="training device")
     p.add_argument("--engine-device", default=f"cuda:{torch.cuda.device_count() - 1}" if cuda else "cpu")
+    p.add_argument("--rollout-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                   help="rollout: the weights' and the engine's dtype")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=48)
@@ -431,6 +493,8 @@ def main() -> None:
         "kind": args.kind, "size": args.size, "torch": torch.__version__,
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
         "date": time.strftime("%Y-%m-%d"),
+        "command": ["python", "bench/rl_gpu.py", *sys.argv[1:]], "commit": common.commit(),
+        "machine": common.environment(args.engine_device),
     }
     parts = args.parts.split(",")
     model_dir = part_model(args, res) if {"publish", "e2e"} & set(parts) else None

@@ -53,3 +53,53 @@ def recipe_all_local(tmp_path_factory):
                    "--logs-dir", str(base / "logs"), timeout=1800)
     return run_dir, base / "logs" / "run", proc.stdout
 
+
+# The decider fixtures, shared by tests/decider, tests/serve, tests/slurm and tests/bench: built once
+# per session (tests/decider/conftest.py holds what they are built from).
+@pytest.fixture(scope="session")
+def decider_data(tmp_path_factory) -> dict[str, Path]:
+    from hobson.io import dumps_row
+    from tests.decider.conftest import build_tiny_torso, make_rows, teacher_lines
+
+    root = tmp_path_factory.mktemp("decider")
+    rows = make_rows()
+    train = root / "train.jsonl"
+    train.write_text("".join(dumps_row(r) + "\n" for r in rows), encoding="utf-8")
+    teacher = root / "teacher.jsonl"
+    teacher.write_text("".join(dumps_row(t) + "\n" for t in teacher_lines(rows)), encoding="utf-8")
+    val = root / "val.jsonl"
+    val.write_text("".join(dumps_row(r) + "\n" for r in make_rows(9, seed=5)), encoding="utf-8")
+    texts = [r["state"] + " " + r["instructions"] + " " + " ".join(a + " " + b for a, b in r["options"])
+             for r in rows] + ["Answer: A B C D E"]
+    build_tiny_torso(root / "torso", texts)
+    return {"root": root, "train": train, "teacher": teacher, "val": val, "torso": root / "torso"}
+
+
+@pytest.fixture(scope="session")
+def config_factory(decider_data):
+    """``make(path, output_dir, **overrides) -> path`` writes a training config YAML."""
+    from tests.decider.conftest import base_config, write_config
+
+    def make(path: Path, output_dir: Path, **over) -> Path:
+        return write_config(path, base_config(decider_data, output_dir, **over))
+    return make
+
+
+@pytest.fixture(scope="session")
+def calibrated(config_factory, decider_data, tmp_path_factory) -> Path:
+    """A tiny decider trained for one epoch and calibrated (a temperature per kind) by the real jobs."""
+    import json
+
+    from hobson.decider.config import load_train_config
+    from hobson.decider.train import recipe_main
+    from hobson.jobs import calibrate
+
+    root = tmp_path_factory.mktemp("serve-ckpt")
+    cfg = config_factory(root / "train.yaml", root / "train", epochs=1, kl_frozen_weight=0.0)
+    assert recipe_main(load_train_config(cfg)) == 0
+    out = root / "calibrated"
+    assert calibrate.main(["--checkpoint", str(root / "train" / "final"), "--eval-files", str(decider_data["train"]),
+                           str(decider_data["val"]), "--out", str(out), "--min-kind-rows", "3", "--threads", "1"]) == 0
+    temps = json.loads((out / "temperatures.json").read_text())
+    assert set(temps["per_kind"]) == {"choice", "noul", "score"}  # every kind has its own temperature
+    return out

@@ -1,4 +1,6 @@
-"""Fixtures: a tiny Qwen3 torso with a 300-token byte-level BPE, ~40 rows, a teacher file, a config.
+"""What the decider fixtures are built from: a tiny Qwen3 torso with a 300-token byte-level BPE,
+~40 rows, a teacher file, a config. The fixtures themselves (``decider_data``, ``config_factory``)
+live in tests/conftest.py, so the serve, Slurm and bench tests share the one built per session.
 
 Everything is built once per session in code (no download) and saved to disk, so every process
 (pytest itself, forked ranks, CLI subprocesses) loads the same bytes.
@@ -9,11 +11,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import pytest
 import yaml
 
 from hobson.corpus.schema import NOUL_OPTIONS
-from hobson.io import dumps_row
 
 WORDS = ["apple", "river", "seven", "north", "green", "quick", "stone", "ember", "lunar", "maple", "cobalt",
          "the", "is", "not", "and", "a", "red", "box", "door", "key"]
@@ -75,22 +75,6 @@ def build_tiny_torso(out: Path, texts: list[str]) -> None:
     tok.save_pretrained(out)
 
 
-@pytest.fixture(scope="session")
-def decider_data(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("decider")
-    rows = make_rows()
-    train = root / "train.jsonl"
-    train.write_text("".join(dumps_row(r) + "\n" for r in rows), encoding="utf-8")
-    teacher = root / "teacher.jsonl"
-    teacher.write_text("".join(dumps_row(t) + "\n" for t in teacher_lines(rows)), encoding="utf-8")
-    val = root / "val.jsonl"
-    val.write_text("".join(dumps_row(r) + "\n" for r in make_rows(9, seed=5)), encoding="utf-8")
-    texts = [r["state"] + " " + r["instructions"] + " " + " ".join(a + " " + b for a, b in r["options"])
-             for r in rows] + ["Answer: A B C D E"]
-    build_tiny_torso(root / "torso", texts)
-    return {"root": root, "train": train, "teacher": teacher, "val": val, "torso": root / "torso"}
-
-
 def base_config(data: dict[str, Path], output_dir: Path, **over) -> dict:
     """10 optimizer steps: 40 rows, micro-batches of 3, 3 per step (5 steps per epoch), 2 epochs."""
     cfg = {
@@ -125,11 +109,3 @@ def base_config(data: dict[str, Path], output_dir: Path, **over) -> dict:
 def write_config(path: Path, cfg: dict) -> Path:
     path.write_text(yaml.safe_dump(cfg, sort_keys=True), encoding="utf-8")
     return path
-
-
-@pytest.fixture(scope="session")
-def config_factory(decider_data):
-    """``make(path, output_dir, **overrides) -> path`` writes a training config YAML."""
-    def make(path: Path, output_dir: Path, **over) -> Path:
-        return write_config(path, base_config(decider_data, output_dir, **over))
-    return make

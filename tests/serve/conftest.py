@@ -1,7 +1,6 @@
-"""Fixtures: a tiny trained and calibrated decider, and the real server over it on a free port.
-
-The checkpoint is trained (one epoch of the decider tests' tiny Qwen3 torso) and calibrated by the
-real jobs, once per session. A server is ``python -m jobs.serve`` in its own process, talked to
+"""Fixtures: the real server on a free port, over the session's tiny trained and calibrated
+decider (``calibrated``, tests/conftest.py: one epoch of the decider tests' tiny Qwen3 torso,
+calibrated by the real job). A server is ``python -m jobs.serve`` in its own process, talked to
 over HTTP with httpx. Its TEST-ONLY hold points (``serve-forward``, ``serve-load``;
 :mod:`hobson.faults`) start released; a test arms one to hold the worker inside a forward, so the
 queue fills at a known moment and never because the machine is slow.
@@ -23,7 +22,6 @@ import pytest
 
 from hobson import faults
 from hobson.io import dumps_row, read_jsonl
-from tests.decider.conftest import config_factory, decider_data  # noqa: F401 - fixtures used below
 
 REPO = Path(__file__).resolve().parents[2]
 CAP = 512  # --max-batch-tokens of the shared server: small enough that grouping by length matters
@@ -32,24 +30,7 @@ PER_REQUEST = 8
 
 
 @pytest.fixture(scope="session")
-def calibrated(config_factory, decider_data, tmp_path_factory) -> Path:  # noqa: F811
-    from hobson.decider.config import load_train_config
-    from hobson.decider.train import recipe_main
-    from hobson.jobs import calibrate
-
-    root = tmp_path_factory.mktemp("serve-ckpt")
-    cfg = config_factory(root / "train.yaml", root / "train", epochs=1, kl_frozen_weight=0.0)
-    assert recipe_main(load_train_config(cfg)) == 0
-    out = root / "calibrated"
-    assert calibrate.main(["--checkpoint", str(root / "train" / "final"), "--eval-files", str(decider_data["train"]),
-                           str(decider_data["val"]), "--out", str(out), "--min-kind-rows", "3", "--threads", "1"]) == 0
-    temps = json.loads((out / "temperatures.json").read_text())
-    assert set(temps["per_kind"]) == {"choice", "noul", "score"}  # every kind has its own temperature
-    return out
-
-
-@pytest.fixture(scope="session")
-def rows(decider_data) -> list[dict]:  # noqa: F811
+def rows(decider_data) -> list[dict]:
     """Every kind, 2..5 options, states of 0..45 words: 49 rows."""
     return read_jsonl(decider_data["train"]) + read_jsonl(decider_data["val"])
 

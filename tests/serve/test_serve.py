@@ -251,26 +251,29 @@ def test_loading_then_ready_a_token_and_sigterm_answers_in_flight_then_exits_0(c
         s.stop()
 
 
-def test_a_corrupt_checkpoint_is_one_clear_error_and_exit_1(calibrated, tmp_path):
+def test_a_corrupt_checkpoint_is_one_clear_error_and_exit_1(calibrated, tmp_path, capsys):
+    from hobson.jobs import serve
+
     bad = tmp_path / "ckpt"
     shutil.copytree(calibrated, bad)
     head = bad / "head.safetensors"
     data = bytearray(head.read_bytes())
     data[-1] ^= 0xFF
     head.write_bytes(bytes(data))
-    proc = subprocess.run([sys.executable, "-m", "jobs.serve", str(bad), "--port", "0", "--threads", "1"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1, proc.stderr
-    assert "head.safetensors" in proc.stderr and "Traceback" not in proc.stderr
-    missing = subprocess.run([sys.executable, "-m", "jobs.serve", str(tmp_path / "none"), "--port", "0"],
-                             cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert missing.returncode == 1 and "no such checkpoint directory" in missing.stderr
+    # in this process: the server binds, its loader finds the bytes changed, the server stops
+    assert serve.main([str(bad), "--port", "0", "--threads", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "head.safetensors" in err and "Traceback" not in err
+    assert serve.main([str(tmp_path / "none"), "--port", "0"]) == 1
+    assert "no such checkpoint directory" in capsys.readouterr().err
 
 
-def test_submit_serve_runs_locally_in_the_foreground_and_cancel_stops_it(calibrated, tmp_path):
+def test_submit_serve_runs_locally_in_the_foreground_and_cancel_stops_it(calibrated, loaded, tmp_path, capsys):
     """`submit.py serve CKPT` (no Slurm): a recorded run on the local backend, on loopback;
     `status` finds it ready, `ask --server RUN` asks it, `cancel RUN` stops it."""
-    from tests.conftest import _env, run_cli
+    from hobson.jobs import ask as ask_job
+    from hobson.launch import submit
+    from tests.conftest import _env
 
     run_dir = tmp_path / "run"
     launcher = subprocess.Popen([sys.executable, str(REPO / "launch" / "submit.py"), "serve", str(calibrated),
@@ -287,10 +290,14 @@ def test_submit_serve_runs_locally_in_the_foreground_and_cancel_stops_it(calibra
         with httpx.Client(base_url=url, timeout=60) as c:
             while c.get("/healthz").status_code != 200:
                 time.sleep(0.05)
-        assert "): ready" in run_cli("status", str(run_dir)).stdout
+        assert submit.main(["status", str(run_dir)]) == 0
+        assert f"serve: {url} on node" in capsys.readouterr().out
         argv = ["--state", "x", "--choice", "Q?=a,b"]
-        assert run_cli("ask", "--server", str(run_dir), *argv).stdout == run_cli("ask", str(calibrated), *argv).stdout
-        run_cli("cancel", str(run_dir))
+        assert ask_job.main(["--server", str(run_dir), *argv]) == 0
+        assert ask_job.main([str(calibrated), *argv]) == 0
+        served, local = capsys.readouterr().out.split("Q?\n")[1:]
+        assert served == local
+        assert submit.main(["cancel", str(run_dir)]) == 0
         out, _ = launcher.communicate(timeout=60)
     finally:
         if launcher.poll() is None:

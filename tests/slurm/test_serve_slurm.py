@@ -12,12 +12,13 @@ import stat
 import time
 from pathlib import Path
 
-from tests.serve.conftest import calibrated, config_factory, decider_data  # noqa: F401 - fixtures
+import httpx
 
 ASK = ["--state", "the red box", "--choice", "Which one?=apple,river,stone", "--kind", "noul"]
 
 
-def test_serve_job_status_ask_server_and_cancel(slurm_jobs, calibrated: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_serve_job_status_ask_server_and_cancel(slurm_jobs, calibrated: Path, tmp_path: Path, capsys) -> None:
+    from hobson.jobs import ask as ask_job
     from tests.conftest import run_cli
 
     cluster = tmp_path / "cluster.yaml"
@@ -33,20 +34,24 @@ def test_serve_job_status_ask_server_and_cancel(slurm_jobs, calibrated: Path, tm
     assert stat.S_IMODE(token.stat().st_mode) == 0o600
     address = run_dir / "serve" / "address.json"
     end = time.monotonic() + 120
-    while True:  # the job's server: started, loaded, answering
-        status = run_cli("status", str(run_dir)).stdout
-        if address.exists() and status.rstrip().endswith("--choice 'Q=a,b'") and "): ready" in status:
-            break
-        assert slurm_jobs.active([job]), (status, slurm_jobs.sacct([job]))
-        assert time.monotonic() < end, status
-        time.sleep(0.5)
+    while not address.exists():  # the job started its server
+        assert slurm_jobs.active([job]), slurm_jobs.sacct([job])
+        assert time.monotonic() < end
+        time.sleep(0.2)
     a = json.loads(address.read_text())
-    assert a["job_id"] == job and a["token_file"] == str(token.resolve()) and a["url"] in status
-    local = run_cli("ask", str(calibrated), *ASK).stdout
-    assert run_cli("ask", "--server", str(run_dir), *ASK).stdout == local
-    # without the token the server refuses
-    refused = run_cli("ask", "--server", a["url"], *ASK, check=False)
-    assert refused.returncode == 1 and "HTTP 401" in refused.stderr
+    with httpx.Client(base_url=a["url"], timeout=60) as c:
+        while c.get("/healthz").status_code != 200:  # loaded
+            assert slurm_jobs.active([job]) and time.monotonic() < end, slurm_jobs.sacct([job])
+            time.sleep(0.2)
+    status = run_cli("status", str(run_dir)).stdout
+    assert f"serve: {a['url']} on node" in status and "): ready" in status, status
+    assert a["job_id"] == job and a["token_file"] == str(token.resolve())
+    assert ask_job.main([str(calibrated), *ASK]) == 0
+    local = capsys.readouterr().out
+    assert ask_job.main(["--server", str(run_dir), *ASK]) == 0
+    assert capsys.readouterr().out == local
+    assert ask_job.main(["--server", a["url"], *ASK]) == 1  # without the token the server refuses
+    assert "HTTP 401" in capsys.readouterr().err
     assert f"cancelled jobs {job}" in run_cli("cancel", str(run_dir)).stdout
     slurm_jobs.wait(job, deadline_s=60)
     assert not address.exists()  # the server left cleanly and took its address with it

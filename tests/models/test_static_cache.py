@@ -43,17 +43,20 @@ def test_static_cache_refuses_overflow() -> None:
             model.decode_step(torch.ones(1, dtype=torch.long), cache)
 
 
-def test_fused_kernels_match_eager() -> None:
-    """The engine's compiled norm/RoPE/gated-MLP kernels compute what the eager ones do."""
+@pytest.mark.parametrize("kind", ["huginn_raven", "nanbeige"])
+def test_fused_kernels_match_eager(kind: str) -> None:
+    """The engine's compiled norm/RoPE/gated-MLP (and add+norm, bias+RoPE) kernels compute what
+    the eager ones do."""
     from hobson.models.common import fused_kernels
 
-    cfg = tiny_config("huginn_raven")
-    model = PROVIDERS["huginn_raven"].build_actor(cfg, seed=1)
+    cfg = tiny_config(kind)
+    model = PROVIDERS[kind].build_actor(cfg, seed=1)
     ids = torch.randint(1, cfg.vocab_size, (2, 5), generator=torch.Generator().manual_seed(0))
+    kw = {"seed": [1, 2]} if kind == "huginn_raven" else {}
     with torch.no_grad():
-        eager = model(ids, seed=[1, 2])
+        eager = model(ids, **kw)
         with fused_kernels(True):
-            fused = model(ids, seed=[1, 2])
+            fused = model(ids, **kw)
     torch.testing.assert_close(fused, eager, rtol=0, atol=1e-5)
 
 

@@ -126,6 +126,14 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
     return nn.functional.silu(gate) * up
 
 
+@fused
+def add_rms_norm(x: Tensor, y: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """``(x + y, rms_norm(x + y))``: a residual add and the norm after it, one kernel when fused
+    (eager: exactly the add then :func:`rms_norm`, as the layers wrote them before)."""
+    s = x + y
+    return s, rms_norm.__wrapped__(s, weight, eps)
+
+
 class RMSNorm(nn.Module):
     """``x / sqrt(mean(x²) + eps) · weight``, normalised in fp32 and cast back to the input dtype."""
 

@@ -27,6 +27,7 @@ from hobson.models.common import (
     Linear,
     RMSNorm,
     StaticKVCache,
+    add_rms_norm,
     attend,
     finish_step,
     fused,
@@ -170,6 +171,12 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + _rotate_half(x) * sin
 
 
+@fused
+def rope_qk(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`apply_rope` of ``q`` and of ``k``: one compiled kernel for both in a decode step."""
+    return apply_rope.__wrapped__(q, cos, sin), apply_rope.__wrapped__(k, cos, sin)
+
+
 def _fuse_weights(*linears: nn.Linear) -> Tensor:
     """The linears' weights stacked into one matrix, each weight becoming a view of its rows.
 
@@ -212,7 +219,7 @@ class Attention(nn.Module):
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         v = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = rope_qk(q, k, cos, sin)
         if cache is not None:
             k, v = cache.update(slot, k, v)
         y = attend(q, k, v, mask)
@@ -248,8 +255,10 @@ class DecoderLayer(nn.Module):
     def forward(
         self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache: KVCache | None, slot: int
     ) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, slot)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h = self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, slot)
+        norm = self.post_attention_layernorm
+        x, h = add_rms_norm(x, h, norm.weight, norm.eps)  # x + h, and its norm
+        return x + self.mlp(h)
 
 
 class NanbeigeLooped(nn.Module):

@@ -97,9 +97,10 @@ def tile_plan(n: int, k: int, dtype: torch.dtype, sms: int) -> Plan:
     """The kernel's launch for any dtype (the bench and tests also run it on 16-bit inputs).
 
     64 weight rows per program and 16 KB of weight per pipeline stage; ``K`` split in two until
-    there are at least two programs per multiprocessor (two resident programs keep more loads in
-    flight than one), while each program still streams at least 8 tiles of ``K`` (fewer do not
-    hide the pipeline's start).
+    there are at least 1.5 programs per multiprocessor (more resident programs keep more loads in
+    flight), while each program still streams at least 8 tiles of ``K`` (fewer do not hide the
+    pipeline's start). On the H200's 132 multiprocessors this picked the fastest of the swept
+    splits for every Nanbeige fp32 shape (``bench/skinny_gemm.py --sweep``; q/k/v: 2, o and down: 8).
     """
     if dtype == torch.float32:
         block_n, block_k, warps, stages = 64, 64, 4, 4
@@ -107,7 +108,7 @@ def tile_plan(n: int, k: int, dtype: torch.dtype, sms: int) -> Plan:
         block_n, block_k, warps, stages = 64, 128, 4, 4
     tiles = _cdiv(n, block_n)
     split = 1
-    while tiles * split < 2 * sms and k // (2 * split) >= 8 * block_k:
+    while 2 * tiles * split < 3 * sms and k // (2 * split) >= 8 * block_k:
         split *= 2
     return Plan(block_n, block_k, split, warps, stages)
 

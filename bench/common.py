@@ -54,10 +54,13 @@ def write_json(path: str | os.PathLike, result: Any) -> None:
 
 
 def commit() -> str | None:
-    """The checkout's commit (``git rev-parse HEAD``), else ``$HOBSON_BENCH_COMMIT`` (a copy of the
-    tree without its ``.git``, such as a lent GPU machine's), else None."""
+    """``$HOBSON_BENCH_COMMIT`` where set (a copy of the tree whose ``.git`` is not its commit, such
+    as a lent GPU machine's: there ``git rev-parse`` gave the session's first commit), else the
+    checkout's ``git rev-parse HEAD``, else None."""
     import subprocess
 
+    if os.environ.get("HOBSON_BENCH_COMMIT"):
+        return os.environ["HOBSON_BENCH_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
                              capture_output=True, text=True, timeout=10)
@@ -65,7 +68,7 @@ def commit() -> str | None:
             return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("HOBSON_BENCH_COMMIT")
+    return None
 
 
 def gib(n: float) -> float:

@@ -6,14 +6,15 @@ bandwidth should set its speed. ``bench/skinny_gemm.py`` timed them at the offic
 H200 (docs/BENCHMARKS.md, "GPU: decode, 2026-12-02 (session 12)"):
 
 - bf16/fp16: cuBLAS reads the weights at 63-103% of the measured copy speed, and this kernel
-  was no faster (within ±6% per shape, slower in a whole decode step). 16-bit products stay
-  with cuBLAS (:func:`plan` returns None).
+  was no faster (its best split per shape from 6% faster to 11% slower; in a whole Nanbeige
+  decode step 9.4 against cuBLAS's 7.4 ms). 16-bit products stay with cuBLAS (:func:`plan` returns None).
 - fp32 (Nanbeige's RL precision): cuBLAS reaches 27-45%; a Nanbeige step's fp32 products took
   19.5 ms against a 6.5 ms floor. Here fp32 products run on the tensor cores as "3xTF32"
   (``input_precision="tf32x3"``: each operand split into a TF32 high and low part, three TF32
-  products summed in fp32), which keeps fp32's accuracy, not TF32's ~1e-3 (the bench checks it
-  beside cuBLAS's fp32; tests/models/test_skinny_on_gpu.py bounds it at 1e-5). Plain fp32 FMAs
-  (``ieee``) were slower than cuBLAS.
+  products summed in fp32), which keeps fp32's accuracy, not TF32's ~1e-3: 2.2-2.4e-7 relative
+  to a float64 product, against cuBLAS fp32's 5e-7-1e-6 on the same inputs; the products ran
+  2.3-3.1x faster than cuBLAS (19.5 -> 7.6 ms per Nanbeige step). Plain fp32 FMAs (``ieee``) were
+  1.5-2.4x slower than cuBLAS.
 
 The kernel computes ``Wᵀ``'s tiles against the 16 rows (a ``BLOCK_N × BLOCK_K`` tile of ``W`` times
 a ``BLOCK_K × 16`` tile of ``xᵀ``, so the matrix units see the weight rows as their long side) and

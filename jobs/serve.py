@@ -95,7 +95,9 @@ def _listen(host: str, port: int) -> tuple[socket.socket, str]:
         advertise = socket.gethostname() if host in ("0.0.0.0", "") else host
         bind = host
     family = socket.AF_INET6 if ":" in bind else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP,
+    # and without it every keep-alive response waits ~40 ms for the client's delayed ACK (Nagle)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((bind, port))

@@ -155,9 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     job_args = [subst(a) for a in job_args]
     outputs = [subst(o) for o in args.output]
     if args.cpus:
-        from hobson.threads import set_threads_before_torch  # before the stage builds anything: results match
+        from hobson.threads import set_threads  # before the stage builds anything: results match across backends
 
-        set_threads_before_torch(args.cpus)
+        set_threads(args.cpus)
 
     from hobson import faults
 

@@ -527,10 +527,9 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
     return None
 
 
-def cmd_rl(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog=f"{_prog()} rl", usage=RL_USAGE, add_help=False)
+def _launcher_flags(p: argparse.ArgumentParser) -> None:
+    """The flags `rl` and `serve` take for the launcher itself; everything else goes to their job."""
     p.add_argument("--backend", choices=BACKENDS, default=None)
-    p.add_argument("--ngpu", type=int, default=1)
     p.add_argument("--run-dir", default=None)
     p.add_argument("--logs-dir", default=None)
     p.add_argument("--cluster", type=Path, default=DEFAULT_CLUSTER)
@@ -540,6 +539,12 @@ def cmd_rl(argv: list[str]) -> int:
     p.add_argument("--allow-dirty", action="store_true")
     p.add_argument("--detach", action="store_true")
     p.add_argument("--dry-run", action="store_true")
+
+
+def cmd_rl(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog=f"{_prog()} rl", usage=RL_USAGE, add_help=False)
+    _launcher_flags(p)
+    p.add_argument("--ngpu", type=int, default=1)
     p.add_argument("--colocated", action="store_true")
     p.add_argument("--rollout-gpus", type=int, default=1)
     p.add_argument("-h", "--help", action="store_true")
@@ -610,16 +615,7 @@ def cmd_serve(argv: list[str]) -> int:
 
     p = argparse.ArgumentParser(prog=f"{_prog()} serve", usage=SERVE_USAGE, add_help=False)
     p.add_argument("checkpoint", nargs="?")
-    p.add_argument("--backend", choices=BACKENDS, default=None)
-    p.add_argument("--run-dir", default=None)
-    p.add_argument("--logs-dir", default=None)
-    p.add_argument("--cluster", type=Path, default=DEFAULT_CLUSTER)
-    p.add_argument("--partition", default=None)
-    p.add_argument("--account", default=None)
-    p.add_argument("--aws-config", type=Path, default=None)
-    p.add_argument("--allow-dirty", action="store_true")
-    p.add_argument("--detach", action="store_true")
-    p.add_argument("--dry-run", action="store_true")
+    _launcher_flags(p)
     p.add_argument("--time", default="24:00:00")
     p.add_argument("--host", default=None)
     p.add_argument("--port", default=None)

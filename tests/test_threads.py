@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 
 import torch
 
-from hobson.threads import set_threads, threads
+from hobson.threads import set_threads, set_threads_before_torch, threads
 from tests.conftest import REPO
 
 
@@ -18,6 +20,21 @@ def test_set_threads_takes_the_flag_then_hobson_cpus(monkeypatch):
         assert set_threads(2) == 2 and torch.get_num_threads() == 2
         monkeypatch.delenv("HOBSON_CPUS")
         assert set_threads(None) is None and torch.get_num_threads() == 2  # left as it was
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_set_threads_before_torch_imports_nothing_and_torch_starts_with_the_count(subprocess_env):
+    """The stage wrapper's call: a data stage never imports torch; one that does gets the count."""
+    code = ("import sys; from hobson.threads import set_threads_before_torch as s; s(1); "
+            "assert 'torch' not in sys.modules; import torch; print(torch.get_num_threads())")
+    env = {**subprocess_env, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "HOBSON_CPUS": "2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["1"], out.stderr
+    before = torch.get_num_threads()
+    try:
+        set_threads_before_torch(1)  # torch imported here: set at once
+        assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
 

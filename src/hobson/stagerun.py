@@ -155,9 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     job_args = [subst(a) for a in job_args]
     outputs = [subst(o) for o in args.output]
     if args.cpus:
-        from hobson.threads import set_threads  # before the stage builds anything: results match across backends
+        from hobson.threads import set_threads_before_torch  # before the stage builds anything: results match
 
-        set_threads(args.cpus)
+        set_threads_before_torch(args.cpus)
 
     from hobson import faults
 

@@ -23,6 +23,7 @@ import time
 import boto3
 import pytest
 
+from hobson import faults
 from hobson.aws.clients import Clients
 from hobson.aws.remote import RemoteRun
 from hobson.launch.backends.aws import AwsBackend
@@ -91,6 +92,10 @@ def test_sent_payload_runs_detached_mirrors_each_stage_and_matches_a_local_run(a
     # PATH without the aws CLI (and anything else pip installed): the payload fetches the archive with its
     # python boto3 fallback, the same way on every machine that runs this test
     host_env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TMPDIR": str(tmp_path / "tmp"), **aws_env}
+    # the second stage holds before it starts until the test has seen the mirror after the first
+    # (a data stage takes ~0.3 s: the snapshot must not depend on the machine being slow)
+    holds = tmp_path / "holds"
+    host_env.update({faults.ENV_POINTS: f"stage-{STAGES[1]}", faults.ENV_DIR: str(holds)})
     (tmp_path / "tmp").mkdir()
     (tmp_path / "script.sh").write_text(script)
     pid_file = host_home / "runs" / f"{run_id}.hostrun.pid"
@@ -125,6 +130,8 @@ def test_sent_payload_runs_detached_mirrors_each_stage_and_matches_a_local_run(a
                 if n == 1 and mid_run_status is None:
                     mid_run_status = backend.status(paths)
                     assert [r["stage"] for r in read_stage_records(paths)] == ["build"]
+                if seen[-1] == (1, True, True) and list(holds.glob(f"stage-{STAGES[1]}.held.*")):
+                    faults.release(holds, f"stage-{STAGES[1]}")
             time.sleep(0.2)
         else:
             raise AssertionError(f"no exit.json after 150 s; seen {seen}")
@@ -134,6 +141,7 @@ def test_sent_payload_runs_detached_mirrors_each_stage_and_matches_a_local_run(a
     assert reference.returncode == 0, out
     # after the first stage, before the run ended: its record line, its log and its outputs
     assert any(n == 1 and log and out for n, log, out in seen), seen
+    assert list(holds.glob(f"stage-{STAGES[1]}.held.*")) and (holds / f"stage-{STAGES[1]}.release").exists()
     assert mid_run_status and "running" in mid_run_status
 
     # the runner follows to the end through the mirror, fetches outputs, releases the host

@@ -23,6 +23,9 @@ after every part (a run cut short keeps what finished):
   ``verify-resume`` (deterministic mode is on whenever a device is CUDA). Per update: seconds of
   rollout, reward, recompute, optimizer, publication (write, engine load), checkpoint; rollout
   tokens/s; peak memory per GPU. ``--deadline`` stops starting new runs near the time limit.
+  ``--via-record``: the full run is reduced to its digests (``verify-resume --record``) and deleted
+  before the stopped run starts in its place, which is then compared with the record (two
+  official-size Huginn runs do not fit one 64 GiB disk).
 """
 
 from __future__ import annotations
@@ -382,7 +385,8 @@ def part_e2e(args, res: dict, model_dir: Path, t_start: float) -> None:
         shm = Path(args.shm)
         a = shm / f"{alg}-a" if shm.parent.is_dir() and _free_gb(shm.parent) > args.shm_min_gb else work / f"{alg}-a"
         b = work / f"{alg}-b"
-        log(f"{alg}: full run in {a}, stop/resume in {b}; free GB: work {_free_gb(work):.0f}, "
+        where_b = a if args.via_record else b
+        log(f"{alg}: full run in {a}, stop/resume in {where_b}; free GB: work {_free_gb(work):.0f}, "
             f"{shm.parent} {_free_gb(shm.parent) if shm.parent.is_dir() else 0:.0f}")
         shutil.rmtree(a, ignore_errors=True)
         shutil.rmtree(b, ignore_errors=True)
@@ -406,17 +410,41 @@ def part_e2e(args, res: dict, model_dir: Path, t_start: float) -> None:
         res["e2e"][alg] = entry
         print_e2e(args, alg, entry)
         write(args, res)  # the full run's figures survive a stop/resume cut short by the time limit
+        if resume and args.via_record:
+            # the full run's digests, then the run is deleted and the stopped run takes its place
+            # (two official-size runs do not fit one 64 GiB disk, nor one RAM disk beside each other)
+            t0 = time.perf_counter()
+            rec_path = work / f"{alg}-a.record.json"
+            with open(rec_path, "w") as f:
+                rc = subprocess.run([sys.executable, "-m", "jobs.verify_resume", "--record", str(a)], cwd=ROOT,
+                                    stdout=f, stderr=subprocess.PIPE, text=True)
+            entry["record_rc"], entry["record_s"] = rc.returncode, round(time.perf_counter() - t0, 1)
+            entry["record_bytes"] = rec_path.stat().st_size
+            if rc.returncode:
+                entry["record_stderr"] = rc.stderr[-3000:]
+            log(f"{alg}: record rc {rc.returncode} in {entry['record_s']} s ({entry['record_bytes']:,} bytes)")
+            shutil.rmtree(a, ignore_errors=True)
+            b = a
+            entry["run_dirs"] = [str(rec_path), str(b)]
+            resume = rc.returncode == 0
         if resume:
             t0 = time.perf_counter()
             entry["rc_stop"] = run(rl_cmd(args, model_dir, alg, b, "--stop-after", "2"), work / f"{alg}-b1.log")
             entry["rc_resume"] = run(rl_cmd(args, model_dir, alg, b, "--resume"), work / f"{alg}-b2.log")
             entry["wall_stop_resume_s"] = round(time.perf_counter() - t0, 1)
-            vr = subprocess.run([sys.executable, "-m", "jobs.verify_resume", str(a), str(b)], cwd=ROOT,
+            t0 = time.perf_counter()
+            first = str(work / f"{alg}-a.record.json") if args.via_record else str(a)
+            vr = subprocess.run([sys.executable, "-m", "jobs.verify_resume", first, str(b)], cwd=ROOT,
                                 capture_output=True, text=True)
+            entry["verify_resume_s"] = round(time.perf_counter() - t0, 1)
             entry["verify_resume_rc"] = vr.returncode
             entry["verify_resume"] = vr.stdout.strip().splitlines()
-            if entry["rc_stop"] or entry["rc_resume"]:
-                entry["log_tail"] = (work / f"{alg}-b2.log").read_text()[-3000:]
+            entry["verify_resume_equal"] = vr.returncode == 0 and not entry["rc_stop"] and not entry["rc_resume"]
+            if vr.stderr.strip():
+                entry["verify_resume_stderr"] = vr.stderr[-3000:]
+            for name, rc_key in (("b1", "rc_stop"), ("b2", "rc_resume")):
+                if entry[rc_key]:
+                    entry[f"log_tail_{name}"] = (work / f"{alg}-{name}.log").read_text()[-3000:]
             print_resume(entry)
             write(args, res)
         shutil.rmtree(a, ignore_errors=True)
@@ -487,6 +515,9 @@ def main() -> None:
     p.add_argument("--shm", default="/dev/shm/hobson-e2e", help="where the uninterrupted run goes if RAM allows")
     p.add_argument("--shm-min-gb", type=float, default=45.0)
     p.add_argument("--deadline", type=float, default=480.0, help="seconds after which no new e2e run starts")
+    p.add_argument("--via-record", action="store_true",
+                   help="e2e: record the full run's digests (verify-resume --record), delete it, run the stopped "
+                        "and resumed run in its place and compare it with the record")
     args = p.parse_args()
     t_start = time.perf_counter()
     res: dict = {

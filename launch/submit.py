@@ -463,7 +463,8 @@ def build_parser() -> argparse.ArgumentParser:
             ("soup", "soup", "average decider checkpoints into one (LoRA mean, heads ensembled): CKPT... --out DIR"),
             ("compare", "compare", "McNemar's exact test per task between two evaluations: EVAL_A EVAL_B"),
             ("ask", "ask", "ask a checkpoint: CKPT --state '...' --choice 'Q=a,b'"),
-            ("verify-resume", "verify_resume", "compare two RL runs item by item (bit for bit): RUN_A RUN_B"),
+            ("verify-resume", "verify_resume", "compare two RL runs item by item (bit for bit): RUN_A RUN_B; "
+             "or --record RUN_A > a.json (digests only), then a.json RUN_B"),
             ("rl", "rl", "recurrent-policy RL (ppo, grpo, dppo, flow-dppo) as a recorded run; rl --help"),
             ("serve", "serve", "serve a decider checkpoint over HTTP as a recorded run: CKPT; serve --help")):
         sp = sub.add_parser(name, help=text, add_help=False,

@@ -47,7 +47,7 @@ setup(
     package_dir={"": "src", **PACKAGE_DIR},
     packages=[*find_packages("src"), *PACKAGE_DIR],
     include_package_data=True,
-    package_data={"hobson.rl": ["default_data.jsonl"]},
+    package_data={"hobson.rl": ["default_data.jsonl", "start/*/*"]},
     # `hobson ARGS` is `python launch/submit.py ARGS`; the wrapper exits with main()'s return value
     entry_points={"console_scripts": ["hobson = hobson.launch.submit:main"]},
     install_requires=CORE,

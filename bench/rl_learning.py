@@ -4,7 +4,8 @@
 
 Each model starts from its supervised start checkpoint on arithmetic prompts
 (:func:`hobson.rl.arithmetic.ensure_start_checkpoint`, built here from nothing unless ``--out``
-already holds it), then each algorithm trains it with the ``math`` reward on the training rows.
+already holds it; the table says whether its bytes equal the shipped copy the CI test starts
+from), then each algorithm trains it with the ``math`` reward on the training rows.
 Held-out prompts (no (operands, operator) shared with training) are answered greedily before and
 after; the test is an exact one-sided sign test (McNemar) on the prompts whose outcome changed.
 The settings (seed, updates, optimizer, learning rate, batch sizes per model, the same for all
@@ -35,6 +36,18 @@ ALGORITHMS = ["ppo", "grpo", "dppo", "flow-dppo"]
 MODELS = ["nanbeige", "huginn_raven"]
 
 
+def shipped_equal(kind: str, built: Path) -> str:
+    """"yes", "no (<files>)" or why there is no shipped copy to compare with: weights and config
+    byte for byte (the cards differ in where they were built, the manifests with the cards)."""
+    problem = arithmetic.shipped_problem(kind)
+    if problem is not None:
+        return f"no shipped copy ({problem})"
+    shipped = arithmetic.SHIPPED / kind
+    names = sorted(p.name for p in shipped.iterdir() if p.name not in (arithmetic.CARD, "manifest.json"))
+    differ = [n for n in names if not (built / n).is_file() or (built / n).read_bytes() != (shipped / n).read_bytes()]
+    return "no (" + ", ".join(differ) + ")" if differ else "yes"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", help="work directory (default: a new temp dir); start checkpoints are cached there")
@@ -57,10 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     rows, curves = [], {}
     for kind in args.models:
         t0 = time.perf_counter()
-        arithmetic.ensure_start_checkpoint(kind, out / "start")
-        print(f"start checkpoint {kind}: {time.perf_counter() - t0:.1f} s", flush=True)
+        built = arithmetic.ensure_start_checkpoint(kind, out / "start")
+        same = shipped_equal(kind, built)
+        print(f"start checkpoint {kind}: {time.perf_counter() - t0:.1f} s; its bytes equal the shipped copy: "
+              f"{same}", flush=True)
         for alg in args.algorithms:
-            r = arithmetic.learning_trial(kind, alg, out, curve_every=args.curve_every, echo=lambda s: None)
+            r = arithmetic.learning_trial(kind, alg, out, curve_every=args.curve_every, echo=lambda s: None,
+                                          from_nothing=True)
+            r["start_equals_shipped"] = same
             curves[f"{kind} {alg}"] = r.pop("curve")
             rows.append(r)
             print(f"{kind} {alg}: accuracy {r['before']:.3f} -> {r['after']:.3f}, +{r['improved']} "

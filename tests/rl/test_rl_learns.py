@@ -1,14 +1,20 @@
 """The RL raises held-out reward: each tiny looped model, started from its supervised arithmetic
 checkpoint, answers more held-out prompts correctly after RL, by an exact one-sided sign test on
 the prompts whose greedy outcome changed (one pair per model here; the four algorithms x two
-models: bench/rl_learning.py)."""
+models, with the start checkpoints built from nothing: bench/rl_learning.py).
+
+The trials start from the shipped start checkpoints (``src/hobson/rl/start``, built by this
+recipe from nothing with ``python -m hobson.rl.arithmetic --ship``): a test here fails when the
+recipe changes without them being rebuilt, and another runs the recipe's code path itself."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from hobson.rl import arithmetic
 from hobson.rl.evaluate import evaluate, sign_test, write_report
@@ -27,17 +33,49 @@ def test_sign_test_is_exact() -> None:
     assert (up, down) == (10, 2) and p == pytest.approx(79 / 4096)  # P(X >= 10), X ~ Bin(12, 1/2)
 
 
+@pytest.mark.parametrize("kind", sorted(arithmetic.SFT_KIND))
+def test_shipped_start_checkpoints_are_this_recipes_and_verify(kind: str, tmp_path: Path) -> None:
+    assert arithmetic.shipped_problem(kind) is None  # else: python -m hobson.rl.arithmetic --ship
+    card = json.loads((arithmetic.SHIPPED / kind / arithmetic.CARD).read_text())
+    assert card["sft"] == arithmetic.sft_settings(kind) and card["torch"] and card["cpu"]
+    # a copy with one flipped byte is refused by name, and start_checkpoint would build instead
+    copy = tmp_path / kind
+    shutil.copytree(arithmetic.SHIPPED / kind, copy)
+    weights = next(copy.glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    problem = arithmetic.shipped_problem(kind, tmp_path)
+    assert problem is not None and weights.name in problem and "sha256" in problem
+
+
+@pytest.mark.parametrize("kind", sorted(arithmetic.SFT_KIND))
+def test_the_start_recipe_is_deterministic_and_exports_a_loadable_model(kind: str, tmp_path: Path) -> None:
+    # the code path of --ship and of the bench's build from nothing, for 3 steps: the same bytes twice
+    states = []
+    for i in range(2):
+        with arithmetic.threads(arithmetic.THREADS):
+            provider, model = arithmetic.train_start_model(kind, lambda s: None, steps=3)
+        provider.export(model, tmp_path / str(i))
+        states.append(model.state_dict())
+    for name, t in states[0].items():
+        assert torch.equal(t, states[1][name]), name
+    shipped = {p.name for p in (arithmetic.SHIPPED / kind).iterdir()} - {arithmetic.CARD, "manifest.json"}
+    assert {p.name for p in (tmp_path / "0").iterdir()} == shipped
+    loaded = provider.load(tmp_path / "0").state_dict()
+    assert loaded.keys() == states[0].keys()
+    for name, t in loaded.items():
+        assert torch.equal(t, states[0][name]), name
+
+
 @pytest.fixture(scope="module")
 def trial(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    # GRPO on the Nanbeige-shaped model at the bench's settings: 32 prompts x 4 completions,
-    # 30 updates (~15 s of RL, after ~65 s of supervised steps)
+    # GRPO on the Nanbeige-shaped model at the bench's settings: 32 prompts x 4 completions, 30 updates
     root = tmp_path_factory.mktemp("learn")
     return arithmetic.learning_trial("nanbeige", "grpo", root, curve_every=30, echo=lambda s: None)
 
 
-@pytest.mark.slow
 def test_start_checkpoint_answers_in_the_format_with_room_to_learn(trial: dict) -> None:
-    """Slow: its fixture trains the Nanbeige-shaped start checkpoint (1200 steps on 2 threads)."""
     assert trial["boxed_before"] >= 0.95
     assert 0.05 <= trial["reward_before"] <= 0.8
 
@@ -60,18 +98,12 @@ def test_grpo_improves_held_out_accuracy(trial: dict, tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def huginn_trial(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    # Flow-DPPO on the Huginn-shaped model at the bench's settings: 32 prompts x 1 completion,
-    # 30 updates (~25 s of RL)
+    # Flow-DPPO on the Huginn-shaped model at the bench's settings: 32 prompts x 1 completion, 30 updates
     root = tmp_path_factory.mktemp("learn-huginn")
     return arithmetic.learning_trial("huginn_raven", "flow-dppo", root, curve_every=30, echo=lambda s: None)
 
 
-@pytest.mark.slow
 def test_huginn_flow_dppo_improves_held_out_accuracy(huginn_trial: dict) -> None:
-    """Slow (under two minutes on 2 cores): the Huginn start checkpoint is built from nothing (800
-    supervised steps through 4 recurrences), then 30 RL updates and two greedy evaluations of
-    200 held-out prompts; from 400 supervised steps, or with 20 updates, the gain did not reach
-    p < 0.001 on this CPU."""
     assert huginn_trial["boxed_before"] >= 0.95 and 0.05 <= huginn_trial["reward_before"] <= 0.8
     assert huginn_trial["after"] > huginn_trial["before"]
     assert huginn_trial["p"] < 0.01, huginn_trial

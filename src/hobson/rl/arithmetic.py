@@ -15,6 +15,13 @@ cached like the embedded teacher (:mod:`hobson.tinymodel`):
 
 Deterministic: the same torch version on the same CPU builds the same bytes. A cached directory
 carries a card with the recipe; one built by another recipe is rebuilt, never reused.
+
+Shipped: ``src/hobson/rl/start/<kind>/`` holds each start checkpoint as this recipe built it from
+nothing (``python -m hobson.rl.arithmetic --ship``; its card names the torch version and CPU, its
+manifest every file's SHA-256). :func:`start_checkpoint` uses it when its recipe is the current
+one and its bytes verify, so the CI test spends its time on RL rather than on the ~1,000
+supervised steps (whose last bits, amplified, also differ from CPU to CPU); the learning bench
+builds from nothing and reports whether its bytes equal the shipped ones.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from typing import Any
 
 import torch
 
+from hobson import manifest
 from hobson.io import atomic_dir, write_json_atomic, write_text_atomic
 from hobson.models import get_provider, tiny_config
 from hobson.models.huginn import latent_like
@@ -48,6 +56,9 @@ SFT = {"steps": 400, "batch": 32, "lr": 3e-3, "seed": 1, "latent_noise": "fresh"
 SFT_KIND: dict[str, dict[str, Any]] = {"nanbeige": {"steps": 1200}, "huginn_raven": {"steps": 800}}
 RECIPE_VERSION = 3
 CARD = "hobson_start.json"
+SHIPPED = Path(__file__).with_name("start")  # SHIPPED / kind: the start checkpoints built by --ship
+# where a build happened; recorded on the card, not part of the recipe a cached copy must match
+BUILT_ON = ("torch", "cpu")
 # intra-op reductions split by thread count, and 400 steps amplify the last bits: the start
 # checkpoint and the learning trials always run on this many threads, whatever the caller set
 THREADS = 2
@@ -84,10 +95,24 @@ def sft_settings(kind: str) -> dict[str, Any]:
     return {**SFT, **SFT_KIND[kind]}
 
 
+def _cpu_name() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
 def _card(kind: str) -> dict[str, Any]:
     return {"kind": f"hobson-rl-start:{kind}", "recipe_version": RECIPE_VERSION, "operands": OPERANDS,
             "ops": list(OPS), "held_out": HELD_OUT, "split_seed": SPLIT_SEED, "sft": sft_settings(kind),
-            "torch": torch.__version__, "threads": THREADS}
+            "torch": torch.__version__, "threads": THREADS, "cpu": _cpu_name()}
+
+
+def _recipe(card: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in card.items() if k not in BUILT_ON}
 
 
 def _batch(rows: list[dict[str, str]], tok: ByteTokenizer) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,9 +131,10 @@ def _batch(rows: list[dict[str, str]], tok: ByteTokenizer) -> tuple[torch.Tensor
     return ids, mask
 
 
-def train_start_model(kind: str, echo: Any = print) -> tuple[Any, torch.nn.Module]:
-    """``(provider, model)``: the tiny ``kind`` model after the supervised steps of :func:`sft_settings`."""
-    sft = sft_settings(kind)
+def train_start_model(kind: str, echo: Any = print, *, steps: int | None = None) -> tuple[Any, torch.nn.Module]:
+    """``(provider, model)``: the tiny ``kind`` model after the supervised steps of :func:`sft_settings`
+    (``steps`` fewer of them: a test of this code path, not a start checkpoint)."""
+    sft = {**sft_settings(kind), **({"steps": steps} if steps is not None else {})}
     tok = ByteTokenizer()
     train, _ = split()
     mcfg = tiny_config(kind, **({"block_size": sft["block_size"]} if kind == "huginn_raven" else {}))
@@ -151,14 +177,50 @@ def ensure_start_checkpoint(kind: str, cache_dir: str | os.PathLike, echo: Any =
     target = Path(cache_dir) / kind
     card = _card(kind)
     with contextlib.suppress(OSError, ValueError):
-        if json.loads((target / CARD).read_text(encoding="utf-8")) == card:
+        if _recipe(json.loads((target / CARD).read_text(encoding="utf-8"))) == _recipe(card):
             return target
     with atomic_dir(target, exists="replace", mode=0o755) as tmp:
         with threads(THREADS):
             provider, model = train_start_model(kind, echo)
         provider.export(model, tmp)
-        write_json_atomic(tmp / CARD, card)  # written last: a directory with its card is whole
+        write_json_atomic(tmp / CARD, card)
+        manifest.write(tmp, kind=card["kind"])  # last: a directory with its manifest is whole
     return target
+
+
+def shipped_problem(kind: str, root: Path = SHIPPED) -> str | None:
+    """Why the shipped start checkpoint of ``kind`` (``root / kind``) cannot be used (None: it
+    can): missing, built by another recipe than this module's, or bytes that differ from its manifest."""
+    target = root / kind
+    try:
+        card = json.loads((target / CARD).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return f"{target / CARD}: {e}"
+    if _recipe(card) != _recipe(_card(kind)):
+        now = _card(kind)
+        diff = sorted(k for k in {**card, **now} if k not in BUILT_ON and card.get(k) != now.get(k))
+        return (f"{target}: built by another recipe (differs in {', '.join(diff)}); "
+                "rebuild it: python -m hobson.rl.arithmetic --ship")
+    try:
+        found = manifest.read(target)
+        if found is None:
+            return f"{target}: no {manifest.MANIFEST}"
+        manifest.verify(target, found)
+    except manifest.ManifestMismatch as e:
+        return str(e)
+    return None
+
+
+def start_checkpoint(kind: str, cache_dir: str | os.PathLike, echo: Any = print, *,
+                     from_nothing: bool = False) -> Path:
+    """The start checkpoint of ``kind``: the shipped one when it is of this recipe and verifies,
+    else (or with ``from_nothing``) :func:`ensure_start_checkpoint` under ``cache_dir``."""
+    if not from_nothing:
+        problem = shipped_problem(kind)
+        if problem is None:
+            return SHIPPED / kind
+        echo(f"rl start checkpoint {kind}: not using the shipped one ({problem}); building it")
+    return ensure_start_checkpoint(kind, cache_dir, echo)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,7 +246,8 @@ def learning_config(kind: str, algorithm: str, start: Path, train: Path, out: Pa
 
 
 def learning_trial(kind: str, algorithm: str, root: str | os.PathLike, *, curve_every: int = 10,
-                   overrides: dict[str, Any] | None = None, echo: Any = print) -> dict[str, Any]:
+                   overrides: dict[str, Any] | None = None, echo: Any = print,
+                   from_nothing: bool = False) -> dict[str, Any]:
     """Run one (model, algorithm) pair from its start checkpoint; returns before/after held-out
     accuracy, the sign test on the prompts whose greedy outcome changed, and the curve."""
     import time
@@ -193,7 +256,7 @@ def learning_trial(kind: str, algorithm: str, root: str | os.PathLike, *, curve_
     from hobson.rl.loop import run
 
     root = Path(root)
-    start = ensure_start_checkpoint(kind, root / "start", echo)
+    start = start_checkpoint(kind, root / "start", echo, from_nothing=from_nothing)
     train, held = write_split(root / "data")
     out = root / f"{kind}-{algorithm}"
     if out.exists():
@@ -209,3 +272,28 @@ def learning_trial(kind: str, algorithm: str, root: str | os.PathLike, *, curve_
     return {"model": kind, "algorithm": algorithm, "before": res[0].accuracy, "after": res[-1].accuracy,
             "reward_before": res[0].reward_mean, "reward_after": res[-1].reward_mean, "boxed_before": res[0].boxed,
             "improved": up, "regressed": down, "p": p, "rl_seconds": rl_s, "curve": res, "run": str(out)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hobson.rl.arithmetic --ship``: build every start checkpoint from nothing into
+    :data:`SHIPPED` (commit the result; the learning test then starts from it)."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--ship", action="store_true", help=f"(re)build the start checkpoints under {SHIPPED}")
+    p.add_argument("--kinds", nargs="*", default=list(SFT_KIND), choices=list(SFT_KIND))
+    args = p.parse_args(argv)
+    if not args.ship:
+        for kind in SFT_KIND:
+            print(f"{kind}: {shipped_problem(kind) or 'shipped, verified'}")
+        return 0
+    for kind in args.kinds:
+        out = SHIPPED / kind
+        if out.exists():
+            shutil.rmtree(out)
+        print(ensure_start_checkpoint(kind, SHIPPED))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -59,3 +59,17 @@ def test_no_other_thread_setting_helper():
                     if "set_num_threads" in body:
                         own.append(f"{path.relative_to(REPO)}: {node.name}")
     assert own == []
+
+
+def test_the_library_sets_threads_only_through_hobson_threads():
+    """Results depend on the count, so every setting goes through one function (bench scripts,
+    which pin threads for a measurement, may call torch directly)."""
+    calls = []
+    for root in ("src", "jobs", "launch", "aws"):
+        for path in (REPO / root).rglob("*.py"):
+            if path.name == "threads.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Attribute) and node.attr == "set_num_threads":
+                    calls.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert calls == []

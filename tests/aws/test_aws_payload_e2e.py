@@ -49,6 +49,9 @@ def _kill_leftover(pid_file) -> None:
 @pytest.mark.slow
 def test_sent_payload_runs_detached_mirrors_each_stage_and_matches_a_local_run(aws_env, repo_copy, tmp_path,
                                                                               subprocess_env):
+    """Slow (15-30 s on 2 cores): the payload runs two real stages detached on the "host" while
+    the same stages run on the local backend beside it for the byte comparison, and the test
+    follows the S3 mirror (moto over HTTP) until the run's exit record arrives."""
     host_home = tmp_path / "host-disk" / "hobson"
     cfg = make_config(home=host_home)
     clients = Clients()

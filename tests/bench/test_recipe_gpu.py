@@ -57,6 +57,8 @@ def test_official_shapes_are_the_published_models(rg):
 
 @pytest.mark.slow
 def test_all_parts_tiny_on_cpu(rg, tmp_path, capsys):
+    """Slow (~20 s on 2 cores): every part of the bench (labelling, training, DDP as one process
+    and as two local ranks) runs for real on the tiny shape."""
     out = tmp_path / "all.json"
     threads = torch.get_num_threads()
     rc = rg.main(["all", "--device", "cpu", "--shape", "tiny", "--json", str(out), "--workdir", str(tmp_path / "work")])

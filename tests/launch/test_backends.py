@@ -1,8 +1,9 @@
 """One Backend interface: every backend in the registry implements it, the launcher calls nothing
 else, and a run's later commands rebuild its backend from the record alone.
 
-The methods are exercised here on the local backend; on Slurm in tests/slurm/test_backend_slurm.py
-(the real cluster), on AWS in tests/aws/test_aws_backend_protocol.py (moto over HTTP)."""
+The methods are exercised here on the local backend; on Slurm through the launcher on the real
+cluster (tests/slurm/test_recipe_slurm.py, tests/slurm/test_rl_slurm.py), on AWS in
+tests/aws/test_aws_backend_protocol.py (moto over HTTP)."""
 
 from __future__ import annotations
 

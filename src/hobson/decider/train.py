@@ -61,6 +61,7 @@ from hobson.errors import ConfigError, DataError
 from hobson.io import atomic_write, check_writable_dir, iter_jsonl, write_json_atomic
 from hobson.progress import Progress
 from hobson.scalars import TensorBoardLog
+from hobson.threads import set_threads
 
 # EX_TEMPFAIL: "try again later". A job script that sees it requeues instead of failing.
 PREEMPT_EXIT_CODE = 75
@@ -147,7 +148,7 @@ class DeciderTrainRecipe:
                               f"memory and works in one process only, but WORLD_SIZE={self.world_size} "
                               "(torchrun); set host_embeddings: false or run one process")
         if cfg.num_threads:
-            torch.set_num_threads(cfg.num_threads)
+            set_threads(cfg.num_threads)
         for key in ("base_model", "tokenizer"):  # local directories (no model hub): say so before any work
             where = getattr(cfg, key)
             if where and not (Path(where) / "config.json").is_file() and not (Path(where) / "tokenizer.json").is_file():

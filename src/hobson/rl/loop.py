@@ -73,6 +73,7 @@ from hobson.rl.reward import get_reward
 from hobson.rl.trainer import ModelTrainer
 from hobson.rollout import publication
 from hobson.rollout.engine import Completion, forward_kwargs, is_recurrent_depth, request_seed
+from hobson.threads import set_threads
 
 TINY_SEED = 0  # the embedded tiny models' weights do not depend on --seed
 TINY_BLOCK = 512  # room for 128 prompt + 48 new tokens and more
@@ -255,7 +256,7 @@ def apply_env_vars(pairs: list[str]) -> None:
         k, v = kv.split("=", 1)
         os.environ[k] = v
         if k == "OMP_NUM_THREADS":
-            torch.set_num_threads(int(v))  # torch read the variable at import; apply it now
+            set_threads(int(v))  # torch read the variable at import; apply it now
 
 
 # ---------------------------------------------------------------------------------------------

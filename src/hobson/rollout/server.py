@@ -52,6 +52,7 @@ from hobson.rollout.transport import (
     transport_class,
     weight_group,
 )
+from hobson.threads import set_threads
 
 READ_TIMEOUT_S = 60.0
 
@@ -180,7 +181,7 @@ class RolloutService:
             diffs = [f"{k}: {self.settings[k]!r} vs {settings[k]!r}" for k in keys if self.settings[k] != settings[k]]
             raise ConfigError("server already configured differently: " + "; ".join(diffs))
         # intra-op reductions split by thread count: use the trainer's, as its in-process engine would
-        torch.set_num_threads(int(settings["torch_threads"]))
+        set_threads(int(settings["torch_threads"]))
         if settings["deterministic"]:
             # as the trainer's process runs (hobson.rl.loop: any CUDA device); the engine is built
             # later, at the first publication, so cuBLAS has not read the variable yet

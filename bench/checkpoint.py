@@ -26,14 +26,9 @@ from publish import SIZES, parse_args
 from safetensors.torch import save_file
 
 from hobson import rng
+from hobson.io import fsync_files
 from hobson.models import get_provider, tiny_config
 from hobson.rl import checkpoint as ckpt
-
-
-def fsync_tree(d: str) -> None:
-    for f in os.listdir(d):
-        with open(os.path.join(d, f), "rb") as fh:
-            os.fsync(fh.fileno())
 
 
 def main() -> None:
@@ -51,7 +46,7 @@ def main() -> None:
             os.makedirs(d)
             save_file(ckpt.module_tensors(actor), os.path.join(d, "actor.safetensors"))
             torch.save({**state, "rng": rng.capture()}, os.path.join(d, "state.pt"))
-            fsync_tree(d)
+            fsync_files(d)
 
         def now(d: str) -> None:
             ckpt.save_checkpoint(d, 1, actor=actor, critic=None, state=state,
@@ -71,7 +66,7 @@ def main() -> None:
             os.makedirs(d)
             for f in os.listdir(src):
                 shutil.copyfile(os.path.join(src, f), os.path.join(d, f))
-            fsync_tree(d)
+            fsync_files(d)
 
         def timed(fn, keep: bool = False) -> tuple[float, int]:
             """Best seconds of ``--repeat`` writes, and the bytes written; each output is removed

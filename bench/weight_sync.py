@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import best, environment, log, write_json
+from common import best, environment, log, sync, write_json
 from publish import SIZES
 
 from hobson.models import get_provider, tiny_config
@@ -132,9 +132,9 @@ def main() -> int:
                                                 engine_revision="bench", dtype=dtype), args.repeat)
     rows["part: stage alone (export + digest)"] = stage_only
     state = [p.detach().to(dtype) for p in actor.state_dict().values()]
-    rows["limit: in-memory copy of the bytes"] = best(lambda: sync(dev, [t.clone() for t in state]), args.repeat)
+    rows["limit: in-memory copy of the bytes"] = best(lambda: synced(dev, [t.clone() for t in state]), args.repeat)
     if dev != "cpu":
-        rows["limit: device-to-host copy of the bytes"] = best(lambda: sync(dev, [t.cpu() for t in state]),
+        rows["limit: device-to-host copy of the bytes"] = best(lambda: synced(dev, [t.cpu() for t in state]),
                                                                args.repeat)
     base = rows["shared-dir, remote (write + server load)"]
     print(f"{args.kind} ({args.size}): {nbytes / 1e6:.1f} MB of {args.dtype} tensors on {dev}, "
@@ -152,9 +152,9 @@ def main() -> int:
     return 0
 
 
-def sync(device: str, out: object) -> object:
-    if device != "cpu":
-        torch.cuda.synchronize()
+def synced(device: str, out: object) -> object:
+    """``out``, after the device finished making it (:func:`common.sync`)."""
+    sync(device)
     return out
 
 

@@ -44,6 +44,14 @@ def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO[Any]]:
         raise
 
 
+def fsync_files(directory: str | os.PathLike) -> None:
+    """fsync every file under ``directory``: its bytes are on the disk before a rename publishes it."""
+    for f in sorted(Path(directory).rglob("*")):
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+
+
 @contextlib.contextmanager
 def atomic_dir(target: str | os.PathLike, *, exists: Literal["replace", "keep"] = "replace",
                mode: int | None = None) -> Iterator[Path]:
@@ -61,10 +69,7 @@ def atomic_dir(target: str | os.PathLike, *, exists: Literal["replace", "keep"] 
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
         yield tmp
-        for f in sorted(tmp.rglob("*")):
-            if f.is_file():
-                with open(f, "rb") as fh:
-                    os.fsync(fh.fileno())
+        fsync_files(tmp)
         if mode is not None:
             os.chmod(tmp, mode)
         if exists == "keep":

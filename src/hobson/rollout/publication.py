@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from hobson.errors import DigestMismatch, HobsonError
-from hobson.io import disk_full_is_an_error, write_json_atomic
+from hobson.io import disk_full_is_an_error, fsync_files, write_json_atomic
 from hobson.models.common import DTYPE_NAMES, INDEX_FILE, SINGLE_FILE, SafetensorsDir
 
 MANIFEST = "manifest.json"
@@ -282,7 +282,7 @@ def publish(
             # its weights were pruned (keep_publications) or damaged on disk before the run stopped:
             # write them again, under the recorded manifest, so the engine can load that version
             write_json_atomic(tmp / MANIFEST, old.to_dict())
-            _fsync_dir_files(tmp)
+            fsync_files(tmp)
             pruned = final.with_name(f".{final.name}.pruned")
             os.replace(final, pruned)
             os.replace(tmp, final)
@@ -291,15 +291,9 @@ def publish(
         if existing and version != existing[-1] + 1:
             raise PublicationError(f"{root}: version {version} does not follow the latest, v{existing[-1]:06d}")
         write_json_atomic(tmp / MANIFEST, manifest.to_dict())
-        _fsync_dir_files(tmp)
+        fsync_files(tmp)
         os.replace(tmp, final)
     return manifest
-
-
-def _fsync_dir_files(d: Path) -> None:
-    for p in d.iterdir():
-        with open(p, "rb") as f:
-            os.fsync(f.fileno())
 
 
 def verify(pub_dir: str | os.PathLike) -> tuple[Manifest, str]:

@@ -132,20 +132,7 @@ def compare_runs(a: str | os.PathLike, b: str | os.PathLike) -> list[Item]:
             pb = [{key: row.get(key) for key in keys} for row in rb]
             items.append(Item(f"{tag} {name}", ckpt.first_difference(pa, pb, "row")))
     manifests = [_version_digests(r) for r in (a, b)]
-    items.append(
-        Item(
-            "publication versions",
-            None if list(manifests[0]) == list(manifests[1]) else f"{sorted(manifests[0])} vs {sorted(manifests[1])}",
-        )
-    )
-    for v in sorted(set(manifests[0]) & set(manifests[1])):
-        items.append(
-            Item(
-                f"publication {v} digest",
-                None if manifests[0][v] == manifests[1][v] else f"{manifests[0][v]} vs {manifests[1][v]}",
-            )
-        )
-    return items
+    return items + publication_items(*manifests)
 
 
 # ------------------------------------------------------------------------------------ records
@@ -337,19 +324,14 @@ def compare_records(ra: dict[str, Any], rb: dict[str, Any]) -> list[Item]:
         for name, _ in ROLLOUT_PARTS:
             items.append(Item(f"{tag} {name}", tree_difference(parts[0][name], parts[1][name])))
     manifests = [r["publications"] for r in (ra, rb)]
-    items.append(
-        Item(
-            "publication versions",
-            None if list(manifests[0]) == list(manifests[1]) else f"{sorted(manifests[0])} vs {sorted(manifests[1])}",
-        )
-    )
-    for v in sorted(set(manifests[0]) & set(manifests[1])):
-        items.append(
-            Item(
-                f"publication {v} digest",
-                None if manifests[0][v] == manifests[1][v] else f"{manifests[0][v]} vs {manifests[1][v]}",
-            )
-        )
+    return items + publication_items(*manifests)
+
+
+def publication_items(a: dict[Any, Any], b: dict[Any, Any]) -> list[Item]:
+    """The version lists of two runs (or records), then each common version's digest."""
+    items = [Item("publication versions", None if list(a) == list(b) else f"{sorted(a)} vs {sorted(b)}")]
+    for v in sorted(set(a) & set(b)):
+        items.append(Item(f"publication {v} digest", None if a[v] == b[v] else f"{a[v]} vs {b[v]}"))
     return items
 
 

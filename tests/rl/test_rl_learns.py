@@ -19,6 +19,8 @@ import torch
 from hobson.rl import arithmetic
 from hobson.rl.evaluate import evaluate, sign_test, write_report
 
+UPDATES = arithmetic.LEARNING["nanbeige"]["updates"]
+
 
 def test_split_shares_no_operands_and_operator() -> None:
     train, held = arithmetic.split()
@@ -70,9 +72,9 @@ def test_the_start_recipe_is_deterministic_and_exports_a_loadable_model(kind: st
 
 @pytest.fixture(scope="module")
 def trial(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    # GRPO on the Nanbeige-shaped model at the bench's settings: 32 prompts x 4 completions, 30 updates
+    # GRPO on the Nanbeige-shaped model at the bench's settings: 32 prompts x 4 completions
     root = tmp_path_factory.mktemp("learn")
-    return arithmetic.learning_trial("nanbeige", "grpo", root, curve_every=30, echo=lambda s: None)
+    return arithmetic.learning_trial("nanbeige", "grpo", root, curve_every=UPDATES, echo=lambda s: None)
 
 
 def test_start_checkpoint_answers_in_the_format_with_room_to_learn(trial: dict) -> None:
@@ -87,20 +89,21 @@ def test_grpo_improves_held_out_accuracy(trial: dict, tmp_path: Path) -> None:
     from hobson.jobs.rl_eval import main
 
     held = Path(trial["run"]).parent / "data" / "held_out.jsonl"
-    assert main([trial["run"], "--data", str(held), "--versions", "0", "30", "--out", str(tmp_path)]) == 0
+    assert main([trial["run"], "--data", str(held), "--versions", "0", str(UPDATES), "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "rl_eval.json").read_text())["versions"]
     assert [r["accuracy"] for r in rows] == [trial["before"], trial["after"]]
     assert (tmp_path / "rl_eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    again = evaluate(trial["run"], held, versions=[30], echo=lambda s: None)
+    again = evaluate(trial["run"], held, versions=[UPDATES], echo=lambda s: None)
     assert again[0].correct == json.loads((tmp_path / "rl_eval.json").read_text())["versions"][1]["correct"]
     write_report(again, tmp_path / "one")
 
 
 @pytest.fixture(scope="module")
 def huginn_trial(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    # Flow-DPPO on the Huginn-shaped model at the bench's settings: 32 prompts x 1 completion, 30 updates
+    # Flow-DPPO on the Huginn-shaped model at the bench's settings: 32 prompts x 1 completion
     root = tmp_path_factory.mktemp("learn-huginn")
-    return arithmetic.learning_trial("huginn_raven", "flow-dppo", root, curve_every=30, echo=lambda s: None)
+    return arithmetic.learning_trial("huginn_raven", "flow-dppo", root,
+                                     curve_every=arithmetic.LEARNING["huginn_raven"]["updates"], echo=lambda s: None)
 
 
 def test_huginn_flow_dppo_improves_held_out_accuracy(huginn_trial: dict) -> None:

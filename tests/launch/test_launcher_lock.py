@@ -55,3 +55,54 @@ def test_a_local_stage_ends_when_its_launcher_is_killed(tmp_path, subprocess_env
     _gone(stage)  # no one else signals it: only the kernel's parent-death signal can end it
     status = run_cli("status", str(tmp_path / "run")).stdout
     assert "launcher" in status and "gone" in status, status
+
+
+def test_the_ranks_of_a_local_torchrun_stage_end_when_its_launcher_is_killed(tmp_path, subprocess_env,
+                                                                            recipe_all_local):
+    """`recipe train --ngpu 2` (torchrun, two ranks) in a copy of the finished local run, both
+    ranks held before step 1: SIGKILL to the launcher ends the stage wrapper, torchrun and both
+    ranks (the kernel's parent-death signals, then torchrun stopping its workers); nothing is
+    left running and the rerun after it trains to the end."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(recipe_all_local[0], run, ignore=shutil.ignore_patterns("launcher.lock"))
+    shutil.rmtree(run / "train")  # its outputs gone: `recipe train` runs the stage again
+    holds = tmp_path / "holds"
+    argv = ["recipe", "train", "--backend", "local", "--ngpu", "2", "--run-dir", str(run),
+            "--logs-dir", str(tmp_path / "logs")]
+    env = {**subprocess_env, faults.ENV_POINTS: "train-step-1", faults.ENV_DIR: str(holds)}
+    launcher = subprocess.Popen([sys.executable, str(REPO / "launch" / "submit.py"), *argv], cwd=REPO, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    end = time.monotonic() + 300
+    while len(ranks := sorted(holds.glob("train-step-1.held.*"))) < 2:
+        assert launcher.poll() is None, launcher.communicate()[0]
+        assert time.monotonic() < end, "the two ranks did not reach step 1"
+        time.sleep(0.05)
+    rank_pids = [int(p.read_text()) for p in ranks]
+    tree = _descendants(launcher.pid)
+    assert set(rank_pids) <= set(tree), (rank_pids, tree)
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.communicate(timeout=60)
+    for pid in tree:  # the wrapper, torchrun and both ranks: no one else signals them
+        _gone(pid)
+    faults.release(holds, "train-step-1")
+    again = run_cli(*argv)
+    assert again.returncode == 0 and (run / "train" / "final").is_dir(), again.stdout
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc), children first."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out

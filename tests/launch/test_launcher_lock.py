@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from hobson import faults
 from tests.conftest import REPO, run_cli
 
@@ -57,12 +59,16 @@ def test_a_local_stage_ends_when_its_launcher_is_killed(tmp_path, subprocess_env
     assert "launcher" in status and "gone" in status, status
 
 
+@pytest.mark.slow
 def test_the_ranks_of_a_local_torchrun_stage_end_when_its_launcher_is_killed(tmp_path, subprocess_env,
                                                                             recipe_all_local):
     """`recipe train --ngpu 2` (torchrun, two ranks) in a copy of the finished local run, both
     ranks held before step 1: SIGKILL to the launcher ends the stage wrapper, torchrun and both
     ranks (the kernel's parent-death signals, then torchrun stopping its workers); nothing is
-    left running and the rerun after it trains to the end."""
+    left running and the rerun after it trains to the end.
+
+    Slow (~30 s on 2 cores, after the session's `recipe all` fixture): two torchrun launches of
+    the real training stage, the second training to the end."""
     import shutil
 
     run = tmp_path / "run"

@@ -106,7 +106,11 @@ def huginn_trial(tmp_path_factory: pytest.TempPathFactory) -> dict:
                                      curve_every=arithmetic.LEARNING["huginn_raven"]["updates"], echo=lambda s: None)
 
 
+@pytest.mark.slow
 def test_huginn_flow_dppo_improves_held_out_accuracy(huginn_trial: dict) -> None:
+    """Slow (~35 s on 2 cores): 50 RL updates of the Huginn-shaped model through its 4
+    recurrences, then two greedy evaluations of the 200 held-out prompts; at 30 updates PPO's gain
+    on this model was within p 0.017 on one CPU, so the bench and this test run 50."""
     assert huginn_trial["boxed_before"] >= 0.95 and 0.05 <= huginn_trial["reward_before"] <= 0.8
     assert huginn_trial["after"] > huginn_trial["before"]
     assert huginn_trial["p"] < 0.01, huginn_trial

@@ -35,7 +35,9 @@ def internal_error(exc: BaseException, prog: str) -> int:
     if os.environ.get("HOBSON_DEBUG") == "1":
         raise exc
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the disk, not a bug
-        print(f"{prog}: error: {exc.filename or 'a write'}: no space left on the device; free space, then resume "
+        # every hobson writer names its file (DiskFull); this is a write elsewhere, so name where we were
+        where = exc.filename or f"a write under {os.getcwd()}"
+        print(f"{prog}: error: {where}: no space left on the device; free space, then resume "
               "(a checkpoint or publication being written was not kept half-written)", file=sys.stderr)
         return 1
     fd, path = tempfile.mkstemp(prefix=f"hobson-internal-error-{time.strftime('%Y%m%dT%H%M%S')}-", suffix=".txt")

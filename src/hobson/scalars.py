@@ -53,9 +53,12 @@ class TensorBoardLog:
     def add(self, step: int, row: dict[str, Any], skip: tuple[str, ...] = ()) -> None:
         if self.writer is None:
             return
-        for tag, value in flat_scalars({k: v for k, v in row.items() if k not in skip}).items():
-            self.writer.add_scalar(tag, value, step)
-        self.writer.flush()  # a killed run keeps every step it logged
+        from hobson.io import disk_full_is_an_error
+
+        with disk_full_is_an_error(self.writer.get_logdir()):  # name the event files' directory
+            for tag, value in flat_scalars({k: v for k, v in row.items() if k not in skip}).items():
+                self.writer.add_scalar(tag, value, step)
+            self.writer.flush()  # a killed run keeps every step it logged
 
     def close(self) -> None:
         if self.writer is not None:

@@ -94,3 +94,27 @@ def test_disk_full_while_writing_a_checkpoint_is_one_error_then_a_resume_gives_t
     assert again.returncode == 0, again.stderr[-3000:]
     diffs = [i.line() for i in compare_runs(ref, run) if i.difference]
     assert diffs == [], diffs
+
+
+def test_a_full_disk_under_any_small_write_names_its_file(small_fs, capsys, monkeypatch):
+    """Metrics rows, records and plots go through ``atomic_write``; TensorBoard through its writer.
+    When the disk is full there, the message names that file or directory, not "a write", and
+    the temporary file is gone."""
+    from hobson.errors import DiskFull, internal_error
+    from hobson.io import atomic_write
+
+    filler = small_fs / "filler"
+    st = os.statvfs(small_fs)
+    with open(filler, "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize)
+    target = small_fs / "run" / "metrics.jsonl"
+    with pytest.raises(DiskFull) as e, atomic_write(target) as f:
+        f.write("x" * (1 << 20))
+    assert str(e.value).startswith(f"{target}: no space left on the device"), e.value
+    assert "free space" in str(e.value) and "resume" in str(e.value)
+    assert not target.exists() and not list(target.parent.iterdir()), "the temporary file was left behind"
+    # a write hobson does not wrap (a library's) still names where the run was, never "a write"
+    monkeypatch.chdir(small_fs)
+    assert internal_error(OSError(28, "No space left on device"), "rl") == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"rl: error: a write under {small_fs}: no space left on the device"), err

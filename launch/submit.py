@@ -488,7 +488,7 @@ Recurrent-policy RL (PPO, GRPO, DPPO, Flow-DPPO) as a recorded run. Every flag t
 launcher's goes to `python -m jobs.rl` (see `python -m jobs.rl --help`): --algorithm, --model,
 --data, --updates, --stop-after, --resume, --model-revision, --engine-revision, ... Without
 --output the RL run writes to <run dir>/rl. On Slurm it runs as ONE heterogeneous job rendered
-from these flags (launch/rl_sbatch.py; the same job as sbatch/<algorithm>.sh): component 0 trains
+from these flags (launch/backends/slurm_scripts.py; the same job as sbatch/<algorithm>.sh): component 0 trains
 on --ngpu GPUs, component 1 serves rollouts on --rollout-gpus GPUs; --dry-run prints the script.
 --colocated: one single-component job instead, both on one node, GPUs split (for clusters that
 disable heterogeneous jobs)."""

@@ -15,7 +15,7 @@
 #   ALGORITHM (default grpo)
 # Resources: component 0 is the first block of #SBATCH lines, component 1 the block after
 # "#SBATCH hetjob"; change them here or on the sbatch command line (which sets component 0's).
-# This file is render_rl_sbatch's job at its defaults (launch/rl_sbatch.py; a test keeps them equal).
+# This file is render_rl_sbatch's job at its defaults (launch/backends/slurm_scripts.py; tested equal).
 
 # Parameters
 #SBATCH --cpus-per-task=8

@@ -270,7 +270,7 @@ class SlurmBackend:
         """The script of a job of several components (the RL run): one heterogeneous job, the
         training component first (``+0``), the rollout component second (``+1``); ``colocated``
         puts both on one node. The same job as ``sbatch/<algorithm>.sh``."""
-        from hobson.launch.rl_sbatch import script_for_profile
+        from hobson.launch.backends.slurm_scripts import script_for_profile
 
         over = self.profile.stages.get(job.stage)  # the cluster profile's stage override, per component
         res = {c.name: c.resources for c in job.components}

@@ -234,3 +234,28 @@ def test_a_refused_submission_takes_back_the_jobs_already_submitted(tmp_path, sl
     (build_id,) = [s["job_id"] for s in json.loads((run_dir / "run.json").read_text())["submissions"]]
     states = wait_all(slurm_jobs, {}, deadline_s=60, ids=[build_id])
     assert states[build_id] in ("CANCELLED", "COMPLETED"), states
+
+
+def test_shipped_recipe_script_runs_the_stages_in_one_allocation(tmp_path, slurm_jobs, recipe_all_local):
+    """`sbatch sbatch/recipe.sh` as its usage says (resources overridden on the command line, the
+    stages and run directory from the environment): one job holding two GPUs runs the stages on the
+    local backend, each teacher shard on its own GPU, and the merged labels equal the local run's."""
+    import sys
+
+    local_dir, _, _ = recipe_all_local
+    run_dir = tmp_path / "run"
+    log = tmp_path / "recipe-%j.log"
+    env = {"STAGES": "build multistep teacher", "RUN_DIR": str(run_dir), "PYTHON": sys.executable}
+    out = slurm_jobs.run(["sbatch", "--parsable", "--gpus-per-node=2", "--cpus-per-task=2", "--mem=4G",
+                          f"--output={log}", "sbatch/recipe.sh"], env=env, cwd=REPO).stdout
+    job_id = out.strip().split(";")[0]
+    slurm_jobs.submitted.append(job_id)
+    (row,) = slurm_jobs.wait(job_id, deadline_s=600, fields=("JobID", "State", "AllocTRES"))
+    text = Path(str(log).replace("%j", job_id)).read_text()
+    assert row["State"] == "COMPLETED", text[-3000:]
+    assert "gres/gpu=2" in row["AllocTRES"], row
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert {s["job"] for s in meta["submissions"]} >= set(STAGES)
+    teacher = [s for s in meta["submissions"] if s["job"] == "teacher"]
+    assert teacher and teacher[-1]["tasks"] == 2, teacher  # NGPU from the job's CUDA_VISIBLE_DEVICES
+    assert sha256_file(run_dir / "labels" / "teacher.jsonl") == sha256_file(local_dir / "labels" / "teacher.jsonl")

@@ -135,8 +135,8 @@ def test_colocated_single_component_same_bits(slurm_jobs, reference: Path) -> No
     """The colocated script, submitted the way `submit.py rl --backend slurm --colocated` does
     (rendered from flags, through submitit's executor)."""
     from hobson.launch.backends.slurm import submit_script
+    from hobson.launch.backends.slurm_scripts import script_for_profile
     from hobson.launch.options import ClusterProfile
-    from hobson.launch.rl_sbatch import script_for_profile
     from hobson.records import RunPaths, new_run_json, write_run_json
 
     paths = RunPaths.create(slurm_jobs.workdir / "launch-run", slurm_jobs.workdir / "logs")

@@ -1,4 +1,5 @@
-"""launch/rl_sbatch.py renders the same job as sbatch/<algorithm>.sh (no cluster needed)."""
+"""launch/backends/slurm_scripts.py renders every shipped sbatch/*.sh byte for byte, and the RL
+one is the job `submit.py rl --backend slurm` renders (no cluster needed)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hobson.launch.rl_sbatch import SHIPPED, render_rl_sbatch, shipped_script, split_rl_args
+from hobson.launch.backends.slurm_scripts import SHIPPED_NAMES, render_rl_sbatch, shipped_script, split_rl_args
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,12 +38,17 @@ def test_rendered_script_matches_the_sbatch_file(name: str, alg: str) -> None:
         subprocess.run(["bash", "-n"], input=text, text=True, check=True)
 
 
-@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_every_shipped_script_has_a_renderer() -> None:
+    shipped = {p.stem for p in (REPO / "sbatch").glob("*.sh")} - {"rl_common"}  # the RL scripts' shared body
+    assert shipped == set(SHIPPED_NAMES)
+
+
+@pytest.mark.parametrize("name", SHIPPED_NAMES)
 def test_shipped_script_is_the_renderers_output_byte_for_byte(name: str) -> None:
     shipped = (REPO / "sbatch" / f"{name}.sh").read_text()
     assert shipped == shipped_script(name), (
-        f"sbatch/{name}.sh differs from the renderer at its defaults: edit launch/rl_sbatch.py, then "
-        "`python -m hobson.launch.rl_sbatch --write`")
+        f"sbatch/{name}.sh differs from the renderer at its defaults: edit launch/backends/slurm_scripts.py, then "
+        "`python -m hobson.launch.backends.slurm_scripts --write`")
 
 
 def test_flags_become_settings_and_the_rest_rl_args() -> None:

@@ -1,12 +1,15 @@
-"""The RL job's sbatch script from flags: what ``python launch/submit.py rl --backend slurm``
-submits (and ``--dry-run`` prints), rendered by the recipe jobs' ``render_sbatch``.
+"""The Slurm scripts hobson renders for jobs that are not a recipe stage: the RL job from flags
+(what ``python launch/submit.py rl --backend slurm`` submits and ``--dry-run`` prints), and every
+shipped ``sbatch/*.sh`` (the RL algorithms' and ``sbatch/recipe.sh``), all through the recipe
+jobs' ``render_sbatch``.
 
 :func:`render_rl_sbatch` is a pure function. Its script is the same job as
 ``sbatch/<algorithm>.sh`` (which :func:`shipped_script` renders, byte for byte): the ``#SBATCH``
 blocks of the two components (``#SBATCH hetjob`` between them), the settings as exported
 environment variables, then the shared body ``sbatch/rl_common.sh``. ``colocated=True`` renders
 one component holding both processes (its GPUs split between them), for clusters that disable
-heterogeneous jobs.
+heterogeneous jobs. ``sbatch/recipe.sh`` is one node's allocation running the whole recipe on the
+local backend. ``python -m hobson.launch.backends.slurm_scripts --write`` rewrites the shipped files.
 
 The ``python -m jobs.rl`` flags given are mapped onto the script's settings (``--model`` to
 MODEL, ``--updates`` to UPDATES, ...); the others travel in RL_ARGS, shell-quoted.
@@ -127,7 +130,7 @@ def render_rl_sbatch(
     return render_sbatch(
         'source "$HOBSON_REPO/sbatch/rl_common.sh"',
         preamble=(f"# {alg} as {mode}.",
-                  "# Rendered by `python launch/submit.py rl --backend slurm` (launch/rl_sbatch.py); the same job",
+                  "# Rendered by `submit.py rl --backend slurm` (launch/backends/slurm_scripts.py); the same job",
                   f"# as sbatch/{alg.replace('-', '_')}.sh. Settings: sbatch/rl_common.sh."),
         **_job_wide(job_name or "hobson-" + alg.replace("-", "_"), log, time),
         hetjob=_blocks(colocated, train_gpus, rollout_gpus, train_cpus, rollout_cpus, train_mem, rollout_mem,
@@ -147,10 +150,57 @@ def _job_wide(job_name: str, log: str, time: str) -> dict[str, Any]:
 SHIPPED = {"grpo": "grpo", "ppo": "ppo", "dppo": "dppo", "flow_dppo": "flow-dppo"}  # sbatch/<name>.sh -> algorithm
 
 
+SHIPPED_NAMES = ("recipe", *SHIPPED)  # every sbatch/<name>.sh but rl_common.sh (the RL scripts' shared body)
+
+
+def recipe_script() -> str:
+    """``sbatch/recipe.sh``: the whole decider recipe inside ONE allocation (one node, its GPUs) on
+    the local backend; settings from the environment, resources in its ``#SBATCH`` lines."""
+    usage = (
+        "# Run the whole decider recipe inside ONE Slurm allocation (one node, its GPUs), on the local",
+        "# backend: the same stages, records and outputs as `python launch/submit.py recipe ...`, for",
+        "# clusters where a single long job is easier to get than a chain of jobs.",
+        "#",
+        "#   sbatch sbatch/recipe.sh                       # all stages, every GPU of the node",
+        '#   STAGES="build multistep teacher" RUN_DIR=runs/mine sbatch sbatch/recipe.sh',
+        "#   sbatch --gpus-per-node=1 --cpus-per-task=2 --mem=8G sbatch/recipe.sh   # a smaller node",
+        "#",
+        "# Settings (environment variables, all optional):",
+        "#   STAGES   stages to run (default: all)",
+        "#   RUN_DIR  run directory (default: runs/slurm-$SLURM_JOB_ID); reuse one to continue a run",
+        "#   CONFIG   recipe config (default: configs/recipe.yaml)",
+        "#   NGPU     GPUs to use (default: the GPUs Slurm gave this job, at least 1)",
+        "#   PYTHON   interpreter (default: python)",
+        "# This file is recipe_script()'s output (launch/backends/slurm_scripts.py; a test keeps them equal).",
+    )
+    setup = (
+        "set -euo pipefail",
+        'cd "${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}"',
+        "STAGES=${STAGES:-all}",
+        "RUN_DIR=${RUN_DIR:-runs/slurm-${SLURM_JOB_ID:-local}}",
+        "CONFIG=${CONFIG:-configs/recipe.yaml}",
+        "PYTHON=${PYTHON:-python}",
+        'if [ -z "${NGPU:-}" ]; then',
+        '  NGPU=$(echo "${CUDA_VISIBLE_DEVICES:-0}" | tr \',\' \'\\n\' | grep -c . || true)',
+        '  [ "$NGPU" -ge 1 ] || NGPU=1',
+        "fi",
+    )
+    return render_sbatch(
+        "# shellcheck disable=SC2086  # STAGES is a list of words\n"
+        'exec "$PYTHON" launch/submit.py recipe $STAGES --backend local --ngpu "$NGPU" --run-dir "$RUN_DIR" '
+        '--config "$CONFIG"',
+        job_name="hobson-recipe", output="logs/recipe-%j.log", time="04:00:00", nodes=1, gpus_per_node=8,
+        cpus_per_task=16, mem="128G", preamble=usage, setup=setup,
+    )
+
+
 def shipped_script(name: str) -> str:
-    """``sbatch/<name>.sh`` exactly: the job ``render_rl_sbatch`` renders at its defaults, as a plain
-    script a Slurm user submits with ``sbatch`` and edits (settings from the environment, the
-    checkout from ``$SLURM_SUBMIT_DIR``). ``python -m hobson.launch.rl_sbatch --write`` rewrites them."""
+    """``sbatch/<name>.sh`` exactly. For an algorithm: the job ``render_rl_sbatch`` renders at its
+    defaults, as a plain script a Slurm user submits with ``sbatch`` and edits (settings from the
+    environment, the checkout from ``$SLURM_SUBMIT_DIR``); ``recipe``: :func:`recipe_script`.
+    ``python -m hobson.launch.backends.slurm_scripts --write`` rewrites them."""
+    if name == "recipe":
+        return recipe_script()
     alg = SHIPPED[name]
     usage = (
         f"# {alg} on a looped model (Huginn, Nanbeige) as ONE heterogeneous Slurm job: component 0 trains",
@@ -169,7 +219,7 @@ def shipped_script(name: str) -> str:
         f"#   ALGORITHM (default {alg})",
         "# Resources: component 0 is the first block of #SBATCH lines, component 1 the block after",
         '# "#SBATCH hetjob"; change them here or on the sbatch command line (which sets component 0\'s).',
-        "# This file is render_rl_sbatch's job at its defaults (launch/rl_sbatch.py; a test keeps them equal).",
+        "# This file is render_rl_sbatch's job at its defaults (launch/backends/slurm_scripts.py; tested equal).",
     )
     d = inspect.signature(render_rl_sbatch).parameters
     return render_sbatch(
@@ -195,15 +245,15 @@ def script_for_profile(rl_args: Sequence[str], profile: ClusterProfile, log: str
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m hobson.launch.rl_sbatch [--write]``: print (or rewrite) the shipped sbatch/<alg>.sh."""
+    """``python -m hobson.launch.backends.slurm_scripts [--write]``: print (or rewrite) the shipped sbatch/*.sh."""
     import argparse
 
     from hobson.records import REPO_ROOT
 
-    p = argparse.ArgumentParser(prog="python -m hobson.launch.rl_sbatch", description=main.__doc__)
-    p.add_argument("--write", action="store_true", help="rewrite sbatch/<alg>.sh from the renderer")
+    p = argparse.ArgumentParser(prog="python -m hobson.launch.backends.slurm_scripts", description=main.__doc__)
+    p.add_argument("--write", action="store_true", help="rewrite sbatch/*.sh from the renderer")
     args = p.parse_args(argv)
-    for name in SHIPPED:
+    for name in SHIPPED_NAMES:
         text = shipped_script(name)
         if args.write:
             (REPO_ROOT / "sbatch" / f"{name}.sh").write_text(text)

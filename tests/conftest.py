@@ -15,7 +15,6 @@ REPO = Path(__file__).resolve().parents[1]
 def _env() -> dict[str, str]:
     scrub = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "PMIX_", "PMI_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(scrub) or k == "SLURM_CONF"}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "src")])
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

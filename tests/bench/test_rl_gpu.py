@@ -17,7 +17,7 @@ def test_rollout_and_publish_parts_tiny_on_cpu(tmp_path: Path) -> None:
     cmd = [sys.executable, "bench/rl_gpu.py", "--kind", "huginn_raven", "--size", "tiny", "--device", "cpu",
            "--engine-device", "cpu", "--parts", "rollout,publish", "--batch", "2", "--prompt-tokens", "8",
            "--new-tokens", "4", "--profile", "--work", str(tmp_path / "work"), "--json", str(out)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "src")])}
+    env = dict(os.environ)
     r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())

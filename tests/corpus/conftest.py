@@ -16,7 +16,6 @@ GENERATOR_STAGES = ["build", "multistep", "generated", "adequacy", "catchall"]
 
 def _env(hashseed: str) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "src"), env.get("PYTHONPATH", "")])
     env["PYTHONHASHSEED"] = hashseed  # different salts: output must not depend on hash()
     return env
 

@@ -23,7 +23,7 @@ FLAGS = ["--max-batch-tokens", str(BATCH["max_batch_tokens"]), "--max-batch-rows
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "src")]), **extra)
+    env = dict(os.environ, **extra)
     env.pop("HOBSON_ARRAY_TASK", None)
     env.update(extra)
     return env

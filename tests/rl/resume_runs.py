@@ -43,7 +43,7 @@ def full_stop_resume(runs: list[tuple[list[str], list[str]]], timeout: float) ->
         "sys.exit(max(main(a) for a in json.loads(sys.argv[1])))"
     )
     env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
-    env.update(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "src")]), OMP_NUM_THREADS="1")
+    env.update(OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-c", script, json.dumps(resumes)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def server_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-    env.update(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "src")]), OMP_NUM_THREADS="1", **extra)
+    env.update(OMP_NUM_THREADS="1", **extra)
     return env
 
 

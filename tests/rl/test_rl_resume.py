@@ -107,7 +107,7 @@ def test_resume_is_bit_exact(runs: Path, alg: str, kind: str) -> None:
 
 
 def test_verify_resume_cli(runs: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "src")])}
+    env = dict(os.environ)
     same = subprocess.run(
         [sys.executable, "-m", "jobs.verify_resume", str(runs / "ppo-nanbeige-full"), str(runs / "ppo-nanbeige-part")],
         cwd=REPO,

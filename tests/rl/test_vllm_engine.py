@@ -56,7 +56,7 @@ def test_vllm_engine() -> None:
         if os.environ.get("HOBSON_REQUIRE_VLLM") == "1":
             pytest.fail(msg)
         pytest.skip(msg)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "src")])}
+    env = dict(os.environ)  # the overlay venv sees this interpreter's site-packages: hobson installed
     cmd = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", "--show-capture=stdout", str(CHECKS)]
     r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     # the measured log-prob agreement and the summary

@@ -42,8 +42,9 @@ class Component:
 class JobSpec:
     """One submission: a single job, or an array whose task k runs shard ``shards[k]``.
 
-    ``components`` is empty for a one-component job (``resources`` are its per-task
-    resources); a job of several components lists each, ``resources`` then being the first's.
+    Every job is a list of components (:attr:`parts`). A recipe stage is one component, which
+    ``components`` leaves implicit (its resources are ``resources``, its tasks the array's shards
+    or one); a job of several components (the RL run) lists each, ``resources`` then being the first's.
     """
 
     name: str  # unique within a plan, e.g. "teacher" or "teacher-merge"
@@ -64,6 +65,17 @@ class JobSpec:
     @property
     def is_array(self) -> bool:
         return self.shards is not None
+
+    @property
+    def parts(self) -> list[Component]:
+        """The job's components: those listed, or the one a recipe stage is."""
+        return self.components or [Component(self.name, len(self.shards) if self.shards is not None else 1,
+                                             self.resources)]
+
+    @property
+    def heterogeneous(self) -> bool:
+        """Several components: one Slurm job of several (``+0``, ``+1``, ...), or one node when colocated."""
+        return len(self.parts) > 1
 
     def stagerun_args(self, run_dir: str, shards: list[int] | None = None) -> list[str]:
         """Arguments of ``python -m hobson.stagerun`` that run this job and record it.

@@ -67,6 +67,9 @@ class LocalBackend:
         lines = []
         for j in launch.jobs:
             arr = f" [array {len(j.shards)} tasks, {j.throttle} at once]" if j.is_array else ""
+            if j.heterogeneous:  # here the first component's process runs the others' work in process
+                arr = (" [components " + ", ".join(f"{c.name} ({c.tasks} task{'s' * (c.tasks > 1)})" for c in j.parts)
+                       + f"; here one process: {j.parts[0].name}, the rest inside it]")
             lines.append(f"# {j.name}{arr} after: {', '.join(j.after) or '-'}\n{j.command(str(launch.paths.run_dir))}")
         return "\n".join(lines)
 

@@ -273,7 +273,7 @@ class SlurmBackend:
         from hobson.launch.backends.slurm_scripts import script_for_profile
 
         over = self.profile.stages.get(job.stage)  # the cluster profile's stage override, per component
-        res = {c.name: c.resources for c in job.components}
+        res = {c.name: c.resources for c in job.parts}
         train, rollout = res[RL_TRAINING], res[RL_ROLLOUT]
 
         def pick(field: str, r: object) -> object:
@@ -288,7 +288,7 @@ class SlurmBackend:
 
     def dry_run(self, launch: Launch | list[JobSpec], paths: RunPaths | None = None) -> str:
         jobs, paths = (launch.jobs, launch.paths) if isinstance(launch, Launch) else (launch, paths)
-        if len(jobs) == 1 and jobs[0].components:
+        if len(jobs) == 1 and jobs[0].heterogeneous:
             return self.render_components(jobs[0], paths)
         parts = []
         for n, job in enumerate(jobs, 1):
@@ -320,12 +320,12 @@ class SlurmBackend:
             parts = [pending[i: i + limit] for i in range(0, len(pending), limit)] if job.is_array else [None]
             ids[job.name] = []
             for part in parts:
-                script = self.render_components(job, paths) if job.components else self.render(job, paths, ids, part)
+                script = self.render_components(job, paths) if job.heterogeneous else self.render(job, paths, ids, part)
                 sub: dict = {"attempt": attempt}
                 if part is not None:
                     sub.update(shards=format_spec(part), tasks=len(part))
-                if job.components:  # one Slurm job; its components are <id>+0, <id>+1 (one id when colocated)
-                    sub.update(components=[c.name for c in job.components], colocated=job.colocated)
+                if job.heterogeneous:  # one Slurm job; its components are <id>+0, <id>+1 (one id when colocated)
+                    sub.update(components=[c.name for c in job.parts], colocated=job.colocated)
                 try:
                     job_id = submit_script(script, paths, job.name, sub)
                 except HobsonError as e:

@@ -53,3 +53,16 @@ def test_expected_rows_are_declared_on_outputs():
     jobs = {j.name: j for j in dag.plan(["all"], ctx(rows=7), lambda rel: 'nothing')}
     assert "data/build/train.jsonl=7" in jobs["build"].outputs
     assert "labels/teacher.jsonl=7" in jobs["teacher-merge"].outputs
+
+
+def test_every_job_is_a_list_of_components():
+    """A recipe stage is one component (its tasks: the array's shards, or one); the RL run is
+    training plus rollout, one task per rollout server, each with its own resources."""
+    jobs = {j.name: j for j in dag.plan(["build", "multistep", "teacher"], ctx(ngpu=4), lambda rel: 'nothing')}
+    (teacher,) = jobs["teacher"].parts
+    assert (teacher.name, teacher.tasks, teacher.resources) == ("teacher", 4, jobs["teacher"].resources)
+    (build,) = jobs["build"].parts
+    assert build.tasks == 1 and not jobs["build"].heterogeneous
+    rl = dag.rl_job(["--algorithm", "ppo"], [], train_gpus=2, rollout_gpus=1, rollout_servers=3)
+    assert rl.heterogeneous and [(c.name, c.tasks, c.resources.gpus) for c in rl.parts] == [
+        (dag.RL_TRAINING, 1, 2), (dag.RL_ROLLOUT, 3, 1)]

@@ -370,12 +370,19 @@ def run(cmd: list[str], log_path: Path) -> int:
         return subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
 
 
+E2E_STEPS = ("full", "record", "stop", "resume", "compare")
+
+
 def part_e2e(args, res: dict, model_dir: Path, t_start: float) -> None:
+    """Per algorithm: the uninterrupted run (``full``), its digests (``record``, with ``--via-record``:
+    the run is then deleted), ``--stop-after 2`` (``stop``), ``--resume`` (``resume``) and
+    ``verify-resume`` (``compare``). ``--e2e-steps`` runs some of them, so one pair can span several
+    calls of a time-limited GPU host; each step finds what the earlier ones left in ``--work``/``--shm``."""
     work = Path(args.work) / "e2e"
     work.mkdir(parents=True, exist_ok=True)
     res.setdefault("e2e", {})
-    algs = args.algorithms.split(",")
-    for alg in algs:
+    steps = args.e2e_steps.split(",")
+    for alg in args.algorithms.split(","):
         if time.perf_counter() - t_start > args.deadline:
             log(f"deadline: {alg} not started")
             res["e2e"][alg] = {"skipped": "deadline"}
@@ -383,72 +390,100 @@ def part_e2e(args, res: dict, model_dir: Path, t_start: float) -> None:
         # the uninterrupted run goes to RAM when it fits: two official-size checkpoints (fp16 keeps
         # fp32 master weights: 21 GB for Huginn) do not fit beside each other on a 64 GB disk
         shm = Path(args.shm)
-        a = shm / f"{alg}-a" if shm.parent.is_dir() and _free_gb(shm.parent) > args.shm_min_gb else work / f"{alg}-a"
-        b = work / f"{alg}-b"
-        where_b = a if args.via_record else b
-        log(f"{alg}: full run in {a}, stop/resume in {where_b}; free GB: work {_free_gb(work):.0f}, "
-            f"{shm.parent} {_free_gb(shm.parent) if shm.parent.is_dir() else 0:.0f}")
-        shutil.rmtree(a, ignore_errors=True)
-        shutil.rmtree(b, ignore_errors=True)
-        entry: dict = {}
-        t0 = time.perf_counter()
-        entry["rc_full"] = run(rl_cmd(args, model_dir, alg, a), work / f"{alg}-a.log")
-        entry["wall_full_s"] = round(time.perf_counter() - t0, 1)
-        if entry["rc_full"] != 0:
-            entry["log_tail"] = (work / f"{alg}-a.log").read_text()[-3000:]
-            res["e2e"][alg] = entry
-            log(f"{alg}: full run failed rc={entry['rc_full']}")
-            continue
-        entry["updates"] = [json.loads(line) for line in (a / "metrics.jsonl").read_text().splitlines()]
-        # "checkpoint" in the metrics is what the update waited; a background write's own seconds are events
-        events = json.loads((a / "run.json").read_text())["rl"]["sessions"][-1]["events"]
-        written = {e["update"]: e["seconds"] for e in events if e["event"] == "checkpoint_written"}
-        for u in entry["updates"]:
-            u["seconds"]["checkpoint_write"] = written.get(u["update"], float("nan"))
-        resume = alg in args.resume_algorithms.split(",") and time.perf_counter() - t_start < args.deadline
-        entry["run_dirs"] = [str(a), str(b)]
+        where = work / f"{alg}.run-dir"  # chosen by the call that ran "full"; later calls find the runs there
+        if "full" in steps or not where.exists():
+            in_ram = shm.parent.is_dir() and _free_gb(shm.parent) > args.shm_min_gb
+            where.write_text(str(shm / f"{alg}-a" if in_ram else work / f"{alg}-a"))
+        a = Path(where.read_text())
+        b = a if args.via_record else work / f"{alg}-b"
+        rec_path = work / f"{alg}-a.record.json"
+        log(f"{alg}: steps {','.join(steps)}; full run in {a}, stop/resume in {b}; free GB: work "
+            f"{_free_gb(work):.0f}, {shm.parent} {_free_gb(shm.parent) if shm.parent.is_dir() else 0:.0f}")
+        entry: dict = {"steps": steps, "run_dirs": [str(rec_path) if args.via_record else str(a), str(b)]}
         res["e2e"][alg] = entry
-        print_e2e(args, alg, entry)
+        if "full" in steps and not _e2e_full(args, model_dir, alg, a, work, entry):
+            continue
+        if "updates" in entry:
+            print_e2e(args, alg, entry)
         write(args, res)  # the full run's figures survive a stop/resume cut short by the time limit
-        if resume and args.via_record:
-            # the full run's digests, then the run is deleted and the stopped run takes its place
-            # (two official-size runs do not fit one 64 GiB disk, nor one RAM disk beside each other)
-            t0 = time.perf_counter()
-            rec_path = work / f"{alg}-a.record.json"
-            with open(rec_path, "w") as f:
-                rc = subprocess.run([sys.executable, "-m", "jobs.verify_resume", "--record", str(a)], cwd=ROOT,
-                                    stdout=f, stderr=subprocess.PIPE, text=True)
-            entry["record_rc"], entry["record_s"] = rc.returncode, round(time.perf_counter() - t0, 1)
-            entry["record_bytes"] = rec_path.stat().st_size
-            if rc.returncode:
-                entry["record_stderr"] = rc.stderr[-3000:]
-            log(f"{alg}: record rc {rc.returncode} in {entry['record_s']} s ({entry['record_bytes']:,} bytes)")
-            shutil.rmtree(a, ignore_errors=True)
-            b = a
-            entry["run_dirs"] = [str(rec_path), str(b)]
-            resume = rc.returncode == 0
-        if resume:
-            t0 = time.perf_counter()
+        if "record" in steps and args.via_record and not _e2e_record(a, rec_path, alg, entry):
+            continue
+        if time.perf_counter() - t_start > args.deadline and {"stop", "resume"} & set(steps):
+            log(f"deadline: {alg} stop/resume not started")
+            continue
+        if args.via_record and {"stop", "resume", "compare"} & set(steps) and not rec_path.exists():
+            entry["error"] = f"no record {rec_path}: run the full and record steps first"
+            log(entry["error"])
+            continue
+        t0 = time.perf_counter()
+        if "stop" in steps:
+            if args.via_record or "full" not in steps:
+                shutil.rmtree(b, ignore_errors=True)
             entry["rc_stop"] = run(rl_cmd(args, model_dir, alg, b, "--stop-after", "2"), work / f"{alg}-b1.log")
+        if "resume" in steps:
             entry["rc_resume"] = run(rl_cmd(args, model_dir, alg, b, "--resume"), work / f"{alg}-b2.log")
+        if {"stop", "resume"} & set(steps):
             entry["wall_stop_resume_s"] = round(time.perf_counter() - t0, 1)
-            t0 = time.perf_counter()
-            first = str(work / f"{alg}-a.record.json") if args.via_record else str(a)
-            vr = subprocess.run([sys.executable, "-m", "jobs.verify_resume", first, str(b)], cwd=ROOT,
-                                capture_output=True, text=True)
-            entry["verify_resume_s"] = round(time.perf_counter() - t0, 1)
-            entry["verify_resume_rc"] = vr.returncode
-            entry["verify_resume"] = vr.stdout.strip().splitlines()
-            entry["verify_resume_equal"] = vr.returncode == 0 and not entry["rc_stop"] and not entry["rc_resume"]
-            if vr.stderr.strip():
-                entry["verify_resume_stderr"] = vr.stderr[-3000:]
-            for name, rc_key in (("b1", "rc_stop"), ("b2", "rc_resume")):
-                if entry[rc_key]:
-                    entry[f"log_tail_{name}"] = (work / f"{alg}-{name}.log").read_text()[-3000:]
+            write(args, res)
+        if "compare" in steps:
+            _e2e_compare(str(rec_path) if args.via_record else str(a), b, alg, work, entry)
             print_resume(entry)
             write(args, res)
-        shutil.rmtree(a, ignore_errors=True)
-        shutil.rmtree(b, ignore_errors=True)
+        if "compare" in steps:  # the pair is done; a partial call leaves its runs to the next
+            shutil.rmtree(a, ignore_errors=True)
+            shutil.rmtree(b, ignore_errors=True)
+
+
+def _e2e_full(args, model_dir: Path, alg: str, a: Path, work: Path, entry: dict) -> bool:
+    shutil.rmtree(a, ignore_errors=True)
+    t0 = time.perf_counter()
+    entry["rc_full"] = run(rl_cmd(args, model_dir, alg, a), work / f"{alg}-a.log")
+    entry["wall_full_s"] = round(time.perf_counter() - t0, 1)
+    if entry["rc_full"] != 0:
+        entry["log_tail"] = (work / f"{alg}-a.log").read_text()[-3000:]
+        log(f"{alg}: full run failed rc={entry['rc_full']}")
+        return False
+    entry["updates"] = [json.loads(line) for line in (a / "metrics.jsonl").read_text().splitlines()]
+    # "checkpoint" in the metrics is what the update waited; a background write's own seconds are events
+    events = json.loads((a / "run.json").read_text())["rl"]["sessions"][-1]["events"]
+    written = {e["update"]: e["seconds"] for e in events if e["event"] == "checkpoint_written"}
+    for u in entry["updates"]:
+        u["seconds"]["checkpoint_write"] = written.get(u["update"], float("nan"))
+    return True
+
+
+def _e2e_record(a: Path, rec_path: Path, alg: str, entry: dict) -> bool:
+    """The full run's digests (verify-resume --record); then the run goes, and the stopped run
+    takes its place (two official-size runs do not fit one 64 GiB disk, nor one RAM disk)."""
+    t0 = time.perf_counter()
+    with open(rec_path, "w") as f:
+        rc = subprocess.run([sys.executable, "-m", "jobs.verify_resume", "--record", str(a)], cwd=ROOT,
+                            stdout=f, stderr=subprocess.PIPE, text=True)
+    entry["record_rc"], entry["record_s"] = rc.returncode, round(time.perf_counter() - t0, 1)
+    entry["record_bytes"] = rec_path.stat().st_size
+    log(f"{alg}: record rc {rc.returncode} in {entry['record_s']} s ({entry['record_bytes']:,} bytes)")
+    if rc.returncode:
+        entry["record_stderr"] = rc.stderr[-3000:]
+        rec_path.unlink()
+        return False
+    shutil.rmtree(a, ignore_errors=True)
+    return True
+
+
+def _e2e_compare(first: str, b: Path, alg: str, work: Path, entry: dict) -> None:
+    t0 = time.perf_counter()
+    vr = subprocess.run([sys.executable, "-m", "jobs.verify_resume", first, str(b)], cwd=ROOT,
+                        capture_output=True, text=True)
+    entry["verify_resume_s"] = round(time.perf_counter() - t0, 1)
+    entry["verify_resume_rc"] = vr.returncode
+    entry["verify_resume"] = vr.stdout.strip().splitlines()
+    # a stop or resume of an earlier call left no exit code here: its run's records decide, via the compare
+    entry["verify_resume_equal"] = (vr.returncode == 0 and not entry.get("rc_stop") and not entry.get("rc_resume"))
+    if vr.stderr.strip():
+        entry["verify_resume_stderr"] = vr.stderr[-3000:]
+    for name, rc_key in (("b1", "rc_stop"), ("b2", "rc_resume")):
+        if entry.get(rc_key):
+            entry[f"log_tail_{name}"] = (work / f"{alg}-{name}.log").read_text()[-3000:]
 
 
 def _free_gb(path: Path) -> float:
@@ -515,6 +550,9 @@ def main() -> None:
     p.add_argument("--shm", default="/dev/shm/hobson-e2e", help="where the uninterrupted run goes if RAM allows")
     p.add_argument("--shm-min-gb", type=float, default=45.0)
     p.add_argument("--deadline", type=float, default=480.0, help="seconds after which no new e2e run starts")
+    p.add_argument("--e2e-steps", default=",".join(E2E_STEPS),
+                   help="e2e: the steps to run (full,record,stop,resume,compare), so one pair can span several "
+                        "calls of a time-limited host; a later step finds what an earlier call left in --work")
     p.add_argument("--via-record", action="store_true",
                    help="e2e: record the full run's digests (verify-resume --record), delete it, run the stopped "
                         "and resumed run in its place and compare it with the record")

@@ -509,9 +509,11 @@ def print_e2e(args, alg: str, e: dict) -> None:
 
 def print_resume(e: dict) -> None:
     if "verify_resume_rc" in e:
-        n_eq = sum(1 for line in e["verify_resume"] if line.endswith(": equal"))
+        # Item lines read "<item>: <verdict>"; the closing tally line ("28 equal, 0 different") is not an item.
+        items = [line for line in e["verify_resume"] if ": " in line]
+        n_eq = sum(1 for line in items if line.endswith(": equal"))
         print(f"\nstop after 2 + resume ({e['wall_stop_resume_s']} s): verify-resume rc {e['verify_resume_rc']}, "
-              f"{n_eq}/{len(e['verify_resume'])} items equal")
+              f"{n_eq}/{len(items)} items equal")
         for line in e["verify_resume"]:
             if not line.endswith(": equal"):
                 print("   ", line)

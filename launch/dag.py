@@ -450,3 +450,49 @@ def rl_job(job_args: list[str], outputs: list[str], *, train_gpus: int = 1, roll
                    components=[Component(RL_TRAINING, 1, train),
                                Component(RL_ROLLOUT, max(rollout_servers, 1), rollout)],
                    colocated=colocated)
+
+
+def flag_value(args: list[str], flag: str) -> str | None:
+    """The value of ``flag`` in a command line (``--flag V`` or ``--flag=V``), None when absent."""
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+@dataclass(frozen=True)
+class RLProcesses:
+    """The RL job's components as processes of one host (what ``sbatch/rl_common.sh`` does with
+    ``srun`` on Slurm): one rollout server per rollout task, then the trainer, pointed at them."""
+
+    servers: list[list[str]]  # python argv of each rollout server, index i writes address i
+    address: str  # the servers' address file ({index}: the server's index when there are several)
+    trainer_args: list[str]  # the job's args plus what points the trainer at the servers
+    ready_timeout: float  # seconds for every server to answer its readiness check
+
+
+def rl_processes(job: JobSpec, tag: str, *, device_per_server: bool = False) -> RLProcesses | None:
+    """How a backend that starts processes runs ``job`` (an :func:`rl_job`) with its rollout
+    component in processes of its own; None when the rollout runs inside the trainer: the engine
+    is not the native one (vLLM runs in process), or the flags already name servers the user started.
+    ``tag`` keeps one launch's address files apart from a previous one's; ``device_per_server``:
+    each server sees only its own GPUs, so a ``cuda:K`` engine device becomes ``cuda``."""
+    args = list(job.job_args)
+    if (flag_value(args, "--engine") or "native") != "native" or flag_value(args, "--engine-address-file"):
+        return None
+    out = flag_value(args, "--output")
+    if out is None:
+        raise StageError("the RL job has no --output: its rollout servers' address files go there")
+    n = job.parts[1].tasks
+    address = f"{out}/engine/address-{tag}" + ("-{index}" if n > 1 else "") + ".json"
+    device = flag_value(args, "--engine-device") or flag_value(args, "--device") or "cpu"
+    if device_per_server and device.startswith("cuda"):
+        device = "cuda"
+    servers = [["-m", "hobson.jobs.rollout_server", "--address-file", address, "--index", str(i), "--device", device,
+                "--bind", "127.0.0.1", "--advertise", "127.0.0.1"] for i in range(n)]
+    trainer = [*args, "--engine-address-file", address]
+    if n > 1 and flag_value(args, "--rollout-servers") is None:
+        trainer += ["--rollout-servers", str(n)]
+    return RLProcesses(servers, address, trainer, float(flag_value(args, "--engine-ready-timeout") or 600))

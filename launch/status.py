@@ -63,9 +63,11 @@ def collect(paths: RunPaths, backend: Backend) -> tuple[Poll, list[Row]]:
         for sub in subs:
             jid = sub.get("job_id", "-")
             if sub.get("components") and not sub.get("colocated"):
-                # one heterogeneous job: component k is <id>+k; the first one's process records the job
+                # one heterogeneous job: component k is <id>+k (Slurm) or its processes' pids (local);
+                # the first one's process records the job
+                ids = sub.get("component_ids") or [f"{jid}+{k}" for k in range(len(sub["components"]))]
                 for k, comp in enumerate(sub["components"]):
-                    units.append((f"{name} {comp}", f"{jid}+{k}", None, f"{jid}+{k}", name if k == 0 else None))
+                    units.append((f"{name} {comp}", ids[k], None, ids[k], name if k == 0 else None))
             else:
                 units.append((name, jid, None, jid, name))
         for shown, jid, shard, key, rec_name in units:

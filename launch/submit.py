@@ -510,22 +510,13 @@ class _RLRun:
 
     def job(self, retry: bool) -> dag.JobSpec:
         args = list(self.rl_args)
-        out = _flag_value(args, "--output")
+        out = dag.flag_value(args, "--output")
         if retry and "--resume" not in args and out and (Path(out) / "run.json").exists():
             args.append("--resume")  # continue from the newest intact checkpoint, bit for bit
-        servers = _flag_value(args, "--rollout-servers") or "1"
+        servers = dag.flag_value(args, "--rollout-servers") or "1"
         return dag.rl_job(args, self.outputs, train_gpus=self.ngpu, rollout_gpus=self.rollout_gpus,
                           colocated=self.colocated, resources=self.resources,
                           rollout_servers=int(servers) if servers.isdigit() else 1)
-
-
-def _flag_value(argv: list[str], flag: str) -> str | None:
-    for i, a in enumerate(argv):
-        if a == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
 
 
 def _launcher_flags(p: argparse.ArgumentParser) -> None:

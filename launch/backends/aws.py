@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hobson.aws.session import AwsSession
-from hobson.launch.backends.base import BackendOptions, Launch, Poll
+from hobson.launch.backends.base import BackendOptions, Launch, Poll, component_states
 from hobson.records import RunPaths, read_run_json, write_run_json
 
 
@@ -61,7 +61,8 @@ class AwsBackend(AwsSession):
         return self.run(argv, launch.paths)
 
     def poll(self, meta: dict) -> Poll:
-        return Poll("record")  # status() mirrored the host's record; it is the only source
+        # status() mirrored the host's record; it is the only source (an RL run's components included)
+        return Poll("record", component_states(meta))
 
     def dry_run(self, launch: Launch | list[str], paths: RunPaths | None = None) -> str:
         if isinstance(launch, Launch):

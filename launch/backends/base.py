@@ -89,6 +89,19 @@ class Backend(Protocol):
         """Launch again what did not finish (finished jobs and shards are skipped by digest)."""
 
 
+def component_states(meta: dict, launcher_alive: bool = True) -> dict[str, dict[str, str]]:
+    """Poll states of the components a launcher that runs processes recorded (``component_ids``,
+    ``component_states`` of a submission: the local backend, here or on the AWS host). A
+    component recorded as running whose launcher is gone is "gone": its processes died with it."""
+    states: dict[str, dict[str, str]] = {}
+    for sub in meta.get("submissions", []):
+        for cid, state in zip(sub.get("component_ids") or [], sub.get("component_states") or [], strict=False):
+            if state in ("running", "starting", "waiting") and not launcher_alive:
+                state = "gone"
+            states[cid] = {"state": state, "node": sub.get("host", "")}
+    return states
+
+
 def _submissions(paths: RunPaths) -> list[dict]:
     return read_run_json(paths).get("submissions", []) if paths.run_json.exists() else []
 

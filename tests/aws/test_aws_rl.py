@@ -109,6 +109,9 @@ def test_rl_on_the_aws_backend_runs_on_the_host_and_equals_a_local_run(aws_env, 
 
     code, out = launcher("status", str(run_dir))
     assert code == 0 and "ended, exit 0" in out, out
+    # the host ran the RL job's components as processes (the local backend): both shown, both ok
+    comps = {cols[1]: cols for line in out.splitlines() if line.startswith("rl ") and len(cols := line.split()) > 4}
+    assert comps["training"][4] == "ok" and comps["rollout"][4] == "ok", out
     code, out = launcher("logs", str(run_dir), "rl")
     assert code == 0 and "2/2" in out, out[-2000:]
     host_rl = host_home / "runs" / run_dir.name / "rl"

@@ -66,3 +66,18 @@ def test_every_job_is_a_list_of_components():
     rl = dag.rl_job(["--algorithm", "ppo"], [], train_gpus=2, rollout_gpus=1, rollout_servers=3)
     assert rl.heterogeneous and [(c.name, c.tasks, c.resources.gpus) for c in rl.parts] == [
         (dag.RL_TRAINING, 1, 2), (dag.RL_ROLLOUT, 3, 1)]
+
+
+def test_rl_processes_are_the_servers_then_the_trainer_pointed_at_them():
+    """What the local backend starts for an RL job: one rollout server per rollout task (index i
+    writes address i), and the trainer's flags naming them; none where the engine runs in process."""
+    rl = dag.rl_job(["--algorithm", "ppo", "--output", "/r/rl", "--engine-device", "cuda:1"], [], rollout_servers=3)
+    plan = dag.rl_processes(rl, "local-7", device_per_server=True)
+    assert plan.address == "/r/rl/engine/address-local-7-{index}.json"
+    assert [s[s.index("--index") + 1] for s in plan.servers] == ["0", "1", "2"]
+    assert {s[s.index("--device") + 1] for s in plan.servers} == {"cuda"}  # each sees only its own GPU
+    assert plan.trainer_args[-4:] == ["--engine-address-file", plan.address, "--rollout-servers", "3"]
+    one = dag.rl_processes(dag.rl_job(["--output", "o", "--device", "cuda:0"], []), "t")
+    assert one.address == "o/engine/address-t.json" and one.servers[0][-5] == "cuda:0"  # shared GPUs: as given
+    assert dag.rl_processes(dag.rl_job(["--output", "o", "--engine", "vllm"], []), "t") is None
+    assert dag.rl_processes(dag.rl_job(["--output", "o", "--engine-address-file", "a.json"], []), "t") is None

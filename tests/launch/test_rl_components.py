@@ -1,6 +1,7 @@
 """The local backend runs an RL job as its components, the way the Slurm job does: one rollout
 server process per rollout task (``--rollout-servers N``), each ready before the trainer starts,
-then the trainer pointed at them. ``status`` shows both components with their pids; a dead server
+then the trainer pointed at them; any N (and a stop with 2, resume with 3) gives the run of the
+engine in process, byte for byte. ``status`` shows both components with their pids; a dead server
 is named with its exit code and stops training; ``retry`` resumes; ``cancel`` and a killed launcher
 leave no process behind. Faults land at a held point of the trainer (hobson.faults), never after
 a sleep."""
@@ -68,7 +69,10 @@ def _row(status: str, name: str) -> tuple[str, str]:
     return cols[2], cols[4]
 
 
-def test_two_rollout_servers_run_as_processes_and_equal_the_engine_in_process(cli, tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_rollout_servers_run_as_processes_and_any_number_equals_the_engine_in_process(cli, tmp_path: Path) -> None:
+    """Slow (~31 s on 2 cores): four RL runs, three of them launched with their server processes
+    (N = 2; then N = 2 stopped after update 1 and resumed with N = 3), and the engine in process."""
     run_dir = tmp_path / "run"
     p = _launch(run_dir, tmp_path, "--rollout-servers", "2")
     out, _ = p.communicate(timeout=600)
@@ -95,7 +99,21 @@ def test_two_rollout_servers_run_as_processes_and_equal_the_engine_in_process(cl
     r = subprocess.run([sys.executable, "-m", "jobs.rl", *RL, "--output", str(ref)], cwd=REPO,
                        env={**_env(), **THREADS}, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    items = compare_runs(ref, run_dir / "rl")
+    _same(ref, run_dir / "rl")
+
+    # stopped with 2 servers and resumed with 3, each a launch of its own: still the same run
+    part = tmp_path / "2-then-3"
+    for n, extra in ((2, "--stop-after"), (3, "--resume")):
+        p = _launch(tmp_path / f"run-{n}", tmp_path, "--rollout-servers", str(n), "--output", str(part),
+                    *([extra, "1"] if extra == "--stop-after" else [extra]))
+        out, _ = p.communicate(timeout=600)
+        assert p.returncode == 0, out
+    assert [r["engine_server"] for r in read_jsonl(part / "rollouts" / "update-000002.jsonl")] == [0, 1, 2, 0]
+    _same(ref, part)
+
+
+def _same(a: Path, b: Path) -> None:
+    items = compare_runs(a, b)
     assert len(items) > 20 and [i.line() for i in items if i.difference] == []
 
 

@@ -164,3 +164,21 @@ def test_cancel_or_a_killed_launcher_leaves_no_component_behind(cli, tmp_path: P
     assert _all_gone([trainer, *servers])
     status = cli("status", str(run_dir)).stdout
     assert (_row(status, "rl training")[1], _row(status, "rl rollout")[1]) == states, status
+
+
+def test_servers_not_ready_in_time_is_one_line_and_training_never_starts(cli, tmp_path: Path) -> None:
+    """A readiness deadline no server can meet (it has just been spawned and is still importing
+    torch): one FAILED line naming the rollout component and the setting; no trainer, no server left."""
+    run_dir = tmp_path / "run"
+    p = _launch(run_dir, tmp_path, "--rollout-servers", "2", "--engine-ready-timeout", "0.001")
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 1, out
+    failed = [line for line in out.splitlines() if "FAILED" in line]
+    assert len(failed) == 1 and failed[0].startswith(
+        "[rl] FAILED: the rollout component did not become ready within 0.001 s (--engine-ready-timeout): "), out
+    assert failed[0].endswith("; training was not started"), out
+    sub = _submission(run_dir)
+    assert sub["component_ids"][0] == "-" and sub["component_states"] == ["not started", "failed"]
+    assert _all_gone([int(pid) for pid in sub["component_ids"][1].split(",")])
+    assert not (run_dir / "rl" / "metrics.jsonl").exists()
+    assert _row(cli("status", str(run_dir)).stdout, "rl rollout")[1] == "failed"

@@ -1,64 +1,132 @@
-"""RL checkpoint write: what ``hobson.rl.checkpoint.save_checkpoint`` writes now against the plain
-way (the actor to its own safetensors file, the trainer state through a default ``torch.save``,
-which computes a CRC-32 of every record), and against a raw copy of the same bytes.
+"""RL checkpoint write: what ``hobson.rl.checkpoint`` writes now against the plain way a user would
+write the same state, against what hobson wrote before (session 15), and against a raw copy.
 
-    python bench/checkpoint.py [--kind nanbeige|huginn_raven] [--size small|tiny] [--repeat 3] [--dir D]
+    python bench/checkpoint.py [--kind nanbeige|huginn_raven] [--size tiny|small|official]
+                               [--device cpu|cuda] [--critic] [--repeat 3] [--dir D] [--json F]
 
-The trainer state is an Adam optimizer's (two fp32 tensors per parameter, like DeepSpeed's fp32
-masters and moments), so the state is about twice the actor. "now" writes no actor file: the
-actor's bytes are the publication of the same version, which the RL loop writes anyway. Every
-write is fsynced. Each figure is the best of ``--repeat`` runs.
+Every row writes the same content: the actor's weights (and with ``--critic`` a critic of the
+same shape, as PPO has) and a trainer state holding an Adam optimizer's two fp32 moments per
+parameter (the bulk of DeepSpeed's fp32 masters and moments). Every write is fsynced.
 
-"background" is what the RL loop does by default: the update waits only while ``capture`` copies
-the checkpoint (on the training device), and a thread writes the copy while the next update runs.
-Its first row is that wait; its second is the whole write, from the capture to the fsynced rename.
+- plain: ``safetensors.torch.save_file`` per model and ``torch.save`` of the state (CRC-32 on,
+  torch's default) and no manifest: what a user would otherwise write.
+- before: hobson until session 15: the same two writers (each GPU tensor first copied whole to
+  pageable host memory), CRC-32 off, then one SHA-256 per file on one core for the manifest.
+- now: ``save_checkpoint``: every tensor (the state's too) through ``hobson.tensorfile`` threads,
+  GPU pieces through pinned staging, the manifest hashed as 256 MiB chunks on all cores.
+- background: what the RL loop does by default: the update waits only for ``capture`` (a copy
+  on the training device), then a thread writes it; the second row is capture to fsynced rename.
+
+Each figure is the best of ``--repeat``; outputs are removed (untimed) between writes.
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
+import json
 import os
 import shutil
 import tempfile
 import time
+from pathlib import Path
 
 import torch
-from publish import SIZES, parse_args
+from common import commit, environment, log, write_json
+from publish import SIZES
 from safetensors.torch import save_file
 
 from hobson import rng
-from hobson.io import fsync_files
-from hobson.models import get_provider, tiny_config
+from hobson.io import atomic_dir, fsync_files
+from hobson.models import PROVIDERS, get_provider, tiny_config
 from hobson.rl import checkpoint as ckpt
+
+ROOT = Path(__file__).resolve().parents[1]
+OFFICIAL = {"huginn_raven": "huginn-0125.config.json", "nanbeige": "nanbeige4.2-3b.config.json"}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kind", default="nanbeige", choices=["nanbeige", "huginn_raven"])
+    p.add_argument("--size", default="small", choices=[*sorted(SIZES), "official"])
+    p.add_argument("--device", default="cpu", help="where the model and optimizer live (cpu, cuda)")
+    p.add_argument("--critic", action="store_true", help="a critic of the actor's shape too (PPO)")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
+    p.add_argument("--json", default=None, help="also write the table here as JSON")
+    return p.parse_args()
+
+
+def build(kind: str, size: str, device: str) -> torch.nn.Module:
+    if size != "official":
+        small = tiny_config(kind, **SIZES[size][kind])
+        return get_provider(small).build_actor(small, seed=0).to(device)
+    cfg = PROVIDERS[kind].config(json.loads((ROOT / "tests/fixtures/official-models" / OFFICIAL[kind]).read_text()))
+    model = PROVIDERS[kind]._build(cfg, False, torch.float32, device, 0, init=False)
+    with torch.no_grad():  # random bytes drawn where they live: the provider's CPU init takes minutes at 4B
+        for t in model.state_dict().values():
+            if t.is_floating_point():
+                t.normal_(0, 0.02)
+    return model
+
+
+def adam_state(model: torch.nn.Module) -> dict:
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    for q in model.parameters():
+        q.grad = torch.ones_like(q)
+    opt.step()
+    for q in model.parameters():
+        q.grad = None
+    return opt.state_dict()
 
 
 def main() -> None:
-    args = parse_args(__doc__)
-    cfg = tiny_config(args.kind, **SIZES[args.size][args.kind])
-    actor = get_provider(cfg).build_actor(cfg, seed=0)
-    opt = torch.optim.Adam(actor.parameters(), lr=1e-4)
-    for q in actor.parameters():
-        q.grad = torch.ones_like(q)
-    opt.step()
-    state = {"actor_trainer": opt.state_dict(), "data_cursor": 0, "version": 1, "digest": "bench"}
+    args = parse_args()
+    actor = build(args.kind, args.size, args.device)
+    critic = build(args.kind, args.size, args.device) if args.critic else None
+    state = {"actor_trainer": adam_state(actor), "data_cursor": 0, "version": 1, "digest": "bench"}
+    if critic is not None:
+        state["critic_trainer"] = adam_state(critic)
+    log(f"built on {args.device}")
+
+    def models() -> dict[str, torch.nn.Module]:
+        return {"actor": actor, **({"critic": critic} if critic is not None else {})}
+
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
 
         def plain(d: str) -> None:
             os.makedirs(d)
-            save_file(ckpt.module_tensors(actor), os.path.join(d, "actor.safetensors"))
+            for name, m in models().items():
+                save_file({k: v.detach().cpu().contiguous() for k, v in m.state_dict().items()},
+                          os.path.join(d, f"{name}.safetensors"))
             torch.save({**state, "rng": rng.capture()}, os.path.join(d, "state.pt"))
             fsync_files(d)
 
+        def before(d: str) -> None:
+            with atomic_dir(d) as t:
+                for name, m in models().items():
+                    save_file({k: v.detach().to("cpu", copy=True).contiguous() for k, v in m.state_dict().items()},
+                              str(t / f"{name}.safetensors"))
+                with ckpt._without_crc32():
+                    torch.save({**state, "rng": rng.capture(), "format": 2}, t / "state.pt")
+                files = {}
+                for p in sorted(t.iterdir()):
+                    h = hashlib.sha256()
+                    with open(p, "rb") as f:
+                        while chunk := f.read(1 << 20):
+                            h.update(chunk)
+                    files[p.name] = {"bytes": p.stat().st_size, "sha256": h.hexdigest()}
+                (t / "manifest.json").write_text(json.dumps({"files": files}))
+
         def now(d: str) -> None:
-            ckpt.save_checkpoint(d, 1, actor=actor, critic=None, state=state,
-                                 actor_publication="publications/v000001")
+            ckpt.save_checkpoint(d, 1, actor=actor, critic=critic, state=state)
 
         waits: list[float] = []
 
         def background(d: str) -> None:
             t0 = time.perf_counter()
             writer = ckpt.CheckpointWriter(d)
-            writer.submit(1, ckpt.capture(1, actor=actor, critic=None, state=state,
-                                          actor_publication="publications/v000001"))
+            writer.submit(1, ckpt.capture(1, actor=actor, critic=critic, state=state))
             waits.append(time.perf_counter() - t0)
             writer.wait()
 
@@ -69,8 +137,6 @@ def main() -> None:
             fsync_files(d)
 
         def timed(fn, keep: bool = False) -> tuple[float, int]:
-            """Best seconds of ``--repeat`` writes, and the bytes written; each output is removed
-            (untimed) before the next, so the page cache and disk see one copy at a time."""
             times, nbytes = [], 0
             for i in range(args.repeat):
                 d = os.path.join(tmp, f"{fn.__name__}-{i}")
@@ -80,25 +146,34 @@ def main() -> None:
                 nbytes = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(d) for f in fs)
                 if not (keep and i == args.repeat - 1):
                     shutil.rmtree(d)
+            log(f"{fn.__name__}: {min(times):.2f} s")
             return min(times), nbytes
 
         torch.serialization.set_crc32_options(True)  # torch's default, for the plain way
         t_plain, plain_bytes = timed(plain, keep=True)
         src = os.path.join(tmp, f"plain-{args.repeat - 1}")
+        t_before, before_bytes = timed(before)
         t_now, now_bytes = timed(now)
         t_bg, _ = timed(background)
         t_copy, _ = timed(copy)
-    print(f"{args.kind} ({args.size}): {sum(t.numel() for t in actor.parameters()):,} parameters, "
-          f"Adam state, best of {args.repeat}")
-    print(f"{'write':<44}{'MB':>9}{'seconds':>10}{'GB/s':>8}{'x plain':>9}")
+    params = sum(t.numel() for t in actor.parameters())
+    print(f"{args.kind} ({args.size}, {args.device}{', critic' if critic is not None else ''}): "
+          f"{params:,} parameters per model, Adam state, best of {args.repeat}")
+    print(f"{'write':<44}{'MB':>9}{'seconds':>10}{'GB/s':>8}{'x plain':>9}{'x before':>10}")
+    rows = []
     for name, t, b in (
-        ("plain: actor file + torch.save (CRC-32)", t_plain, plain_bytes),
-        ("now: actor in publication, no CRC-32", t_now, now_bytes),
+        ("plain: save_file + torch.save (CRC-32)", t_plain, plain_bytes),
+        ("before: + no CRC-32, serial sha256", t_before, before_bytes),
+        ("now: threaded tensorfile, chunked sha256", t_now, now_bytes),
         ("background: the update waits (capture)", min(waits), now_bytes),
         ("background: capture + write in a thread", t_bg, now_bytes),
         ("raw copy + fsync of the plain bytes", t_copy, plain_bytes),
     ):
-        print(f"{name:<44}{b / 1e6:>9.1f}{t:>10.3f}{b / 1e9 / t:>8.3f}{t_plain / t:>9.2f}")
+        print(f"{name:<44}{b / 1e6:>9.1f}{t:>10.3f}{b / 1e9 / t:>8.3f}{t_plain / t:>9.2f}{t_before / t:>10.2f}")
+        rows.append({"write": name, "bytes": b, "seconds": t, "x_plain": t_plain / t, "x_before": t_before / t})
+    if args.json:
+        write_json(args.json, {"args": vars(args), "commit": commit(), "environment": environment(args.device),
+                               "parameters": params, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -47,11 +47,15 @@ def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO[Any]]:
 
 
 def fsync_files(directory: str | os.PathLike) -> None:
-    """fsync every file under ``directory``: its bytes are on the disk before a rename publishes it."""
-    for f in sorted(Path(directory).rglob("*")):
-        if f.is_file():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
+    """fsync every file under ``directory``: its bytes are on the disk before a rename publishes it.
+    The files are flushed in parallel (a disk queues several flushes better than one at a time)."""
+    from hobson import bytepool
+
+    def flush(f: Path) -> None:
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+
+    list(bytepool.pool().map(flush, [f for f in sorted(Path(directory).rglob("*")) if f.is_file()]))
 
 
 @contextlib.contextmanager

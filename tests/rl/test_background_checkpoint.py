@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hobson import tensorfile
 from hobson.errors import StageError
 from hobson.rl import checkpoint as ckpt
 
@@ -72,19 +73,19 @@ def test_a_failed_background_write_fails_the_run_then_resume_continues(tmp_path:
 
     out = tmp_path / "run"
     args = ["--algorithm", "ppo", "--output", str(out), "--updates", "3", *ARGS]
-    real = ckpt.save_file
+    real = tensorfile.save
 
     def disk_full_at_update_2(tensors, path, *a, **kw):
-        if ".update-000002." in path:
+        if ".update-000002." in str(path):
             raise OSError(28, "No space left on device")
         return real(tensors, path, *a, **kw)
 
-    monkeypatch.setattr(ckpt, "save_file", disk_full_at_update_2)
+    monkeypatch.setattr(tensorfile, "save", disk_full_at_update_2)
     assert main(args) == 1
     assert "checkpoint of update 2 failed" in capsys.readouterr().err
     assert ckpt.list_checkpoints(out) == [1]
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["update-000001"]  # no temporary left
-    monkeypatch.setattr(ckpt, "save_file", real)
+    monkeypatch.setattr(tensorfile, "save", real)
     assert main([*args, "--resume"]) == 0
     assert ckpt.list_checkpoints(out) == [1, 2, 3]
 

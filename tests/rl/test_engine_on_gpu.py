@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hobson import tensorfile
 from hobson.models import get_provider, tiny_config
 from hobson.rollout import publication
 from hobson.rollout.engine import NativeEngine
@@ -63,8 +64,11 @@ def test_graph_replay_samples_as_eager_steps(tmp_path: Path, kind: str, monkeypa
     assert len({tuple(c.tokens) for c in eager}) == len(prompts)  # rows really sampled, not one argmax
 
 
+@pytest.mark.parametrize("copier", ["cpu", "tensorfile"])
 @pytest.mark.parametrize("kind", ["nanbeige", "huginn_raven"])
-def test_graph_decode_beside_a_copying_thread(tmp_path: Path, kind: str) -> None:
+def test_graph_decode_beside_a_copying_thread(tmp_path: Path, kind: str, copier: str) -> None:
+    """``tensorfile``: the checkpoint writer's own path (pinned staging buffers allocated on the
+    first write, side streams, pool threads) while the engine captures and replays its graphs."""
     engine = _engine(tmp_path, kind)
     prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
     seeds = [1, 2, 3]
@@ -78,7 +82,10 @@ def test_graph_decode_beside_a_copying_thread(tmp_path: Path, kind: str) -> None
         try:
             big = torch.randn(64, 1 << 20, device="cuda:0")
             while not stop.is_set():
-                big.cpu()
+                if copier == "cpu":
+                    big.cpu()
+                else:
+                    tensorfile.save({"big": big}, tmp_path / "big.safetensors")
                 copies[0] += 1
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)

@@ -74,7 +74,7 @@ def save_checkpoint(path: str | os.PathLike, *, config: dict[str, Any], adapter:
         if trainer_state is not None:
             torch.save({**trainer_state, "format": FORMAT}, tmp / TRAINER_STATE)
         files = manifest.write(tmp, kind="decider-checkpoint", format=FORMAT)
-    return {name: f["sha256"] for name, f in files.items()}
+    return {name: manifest.digest(f) for name, f in files.items()}
 
 
 _warned_unverified: set[Path] = set()

@@ -3,9 +3,13 @@
 ``<output>/checkpoints/update-{k:06d}/`` holds ``actor.safetensors``, ``critic.safetensors``
 (except GRPO) and ``state.pt``: optimizer, scheduler and loss-scaler state of each model, the RNG
 states (python, numpy, torch CPU, every CUDA device), the data cursor, the publication version
-and digest, and the update number. The directory is written under a temporary name and renamed,
-so a checkpoint either exists whole or not at all. Resuming restores all of it; the RNG states
-are restored last, just before the first rollout, so nothing that runs at start-up can shift them.
+and digest, and the update number. Since format 3 the tensors of that state (the fp32 masters and
+Adam moments: most of the bytes) are in ``state.safetensors``, named by their place in the state,
+and ``state.pt`` holds the rest with a :class:`TensorRef` where each was; every file is written
+by :func:`hobson.tensorfile.save`'s threads rather than through one pickle stream. The directory
+is written under a temporary name and renamed, so a checkpoint either exists whole or not at all.
+Resuming restores all of it; the RNG states are restored last, just before the first rollout, so
+nothing that runs at start-up can shift them.
 
 When publication ``v{k}`` holds exactly the actor's state dict (same names, dtypes and bytes: the
 run checks the digests once), the checkpoint does not write the actor again: ``state.pt`` names
@@ -37,16 +41,18 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
-from hobson import manifest, rng
+from hobson import manifest, rng, tensorfile
 from hobson.errors import HobsonError, StageError
 from hobson.io import atomic_dir, disk_full_is_an_error
 
 _NAME = re.compile(r"^update-(\d{6})$")
-# state.pt's "format": 2 since checkpoints carry a manifest; none: written before (loaded with a warning)
-FORMAT = 2
+# state.pt's "format": 2 since checkpoints carry a manifest; none: written before (loaded with a
+# warning); 3 since the state's tensors are in state.safetensors (2 still loads)
+FORMAT = 3
+STATE_TENSORS = "state.safetensors"
 MANIFEST = manifest.MANIFEST
 CheckpointCorrupt = manifest.ManifestMismatch  # the RL loop's name for it
 set_aside = manifest.set_aside
@@ -158,22 +164,80 @@ def _cuda_devices(obj: Any) -> set[torch.device]:
     return set()
 
 
+@dataclass(frozen=True)
+class TensorRef:
+    """Where a tensor of the state was: its name in ``state.safetensors`` and the device it goes back to."""
+
+    name: str
+    device: str
+
+
+def split_tensors(obj: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+    """``obj`` with each plain tensor (in dicts, lists and tuples) replaced by a :class:`TensorRef`,
+    and the tensors by name (their path in ``obj``). The same tensor object twice is stored once.
+    Tensors safetensors cannot hold (other dtypes, subclasses, ones that require grad) stay."""
+    tensors: dict[str, torch.Tensor] = {}
+    seen: dict[int, TensorRef] = {}
+
+    def walk(x: Any, path: str) -> Any:
+        if isinstance(x, torch.Tensor):
+            if type(x) is not torch.Tensor or x.requires_grad or x.dtype not in tensorfile.DTYPES:
+                return x
+            if id(x) not in seen:
+                name = path or "tensor"
+                while name in tensors:
+                    name += "'"
+                tensors[name] = x
+                seen[id(x)] = TensorRef(name, str(x.device))
+            return seen[id(x)]
+        if type(x) in (dict, collections.OrderedDict):
+            return type(x)((k, walk(v, f"{path}.{k}" if path else str(k))) for k, v in x.items())
+        if type(x) in (list, tuple):
+            return type(x)(walk(v, f"{path}[{i}]") for i, v in enumerate(x))
+        return x
+
+    return walk(obj, ""), tensors
+
+
+def join_tensors(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """The inverse of :func:`split_tensors`: each :class:`TensorRef` replaced by its tensor, on its device."""
+    placed: dict[str, torch.Tensor] = {}
+
+    def walk(x: Any) -> Any:
+        if isinstance(x, TensorRef):
+            if x.name not in placed:
+                if x.name not in tensors:
+                    raise CheckpointCorrupt(f"{STATE_TENSORS} has no tensor {x.name!r}, which state.pt refers to")
+                t = tensors[x.name]
+                placed[x.name] = t if x.device == "cpu" else t.to(x.device)
+            return placed[x.name]
+        if type(x) in (dict, collections.OrderedDict):
+            return type(x)((k, walk(v)) for k, v in x.items())
+        if type(x) in (list, tuple):
+            return type(x)(walk(v) for v in x)
+        return x
+
+    return walk(obj)
+
+
 def write(output: str | os.PathLike, update: int, snap: Snapshot) -> Path:
-    """Write ``snap`` as checkpoint ``update``: a temporary directory, fsynced, then renamed."""
+    """Write ``snap`` as checkpoint ``update``: a temporary directory, fsynced, then renamed.
+
+    The tensors go from where they are (a private GPU copy, or CPU memory) straight to their
+    files through :func:`hobson.tensorfile.save`; in-line (``snap.owned`` false) nothing else
+    runs meanwhile, so live tensors are written as they are.
+    """
     final = checkpoint_dir(output, update)
-
-    def host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        # a private copy is only moved; a live tensor is copied (CPU tensors share their storage)
-        return {k: (v.to("cpu") if snap.owned else v.to("cpu", copy=True)).contiguous() for k, v in tensors.items()}
-
-    need = sum(t.numel() * t.element_size() for part in (snap.actor, snap.critic) if part for t in part.values())
+    state, state_tensors = split_tensors({**snap.state, "format": FORMAT})
+    need = sum(tensorfile.nbytes(part) for part in (snap.actor, snap.critic, state_tensors) if part)
     with disk_full_is_an_error(final, need or None), atomic_dir(final) as tmp:
         if snap.actor is not None:
-            save_file(host(snap.actor), str(tmp / "actor.safetensors"))
+            tensorfile.save(snap.actor, tmp / "actor.safetensors")
         if snap.critic is not None:
-            save_file(host(snap.critic), str(tmp / "critic.safetensors"))
+            tensorfile.save(snap.critic, tmp / "critic.safetensors")
+        tensorfile.save(state_tensors, tmp / STATE_TENSORS)
         with _without_crc32():
-            torch.save({**snap.state, "format": FORMAT}, tmp / "state.pt")
+            torch.save(state, tmp / "state.pt")
         manifest.write(tmp, format=FORMAT, update=update)  # hashed from the page cache; what a resume verifies
     return final
 
@@ -276,7 +340,8 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     for warning in verify_checkpoint(path):
         print(f"rl: warning: {warning}", flush=True)
     out = torch.load(path / "state.pt", weights_only=False)
-    out.pop("format", None)
+    if out.pop("format", None) == 3:
+        out = join_tensors(out, load_file(str(path / STATE_TENSORS)))
     if "actor_publication" in out:
         from hobson.rollout.publication import read_verified
 
@@ -318,7 +383,7 @@ def first_difference(a: Any, b: Any, path: str = "") -> str | None:
             return f"{path}: {type(a).__name__} vs {type(b).__name__}"
         if a.dtype != b.dtype or a.shape != b.shape:
             return f"{path}: {a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"
-        ua, ub = a.contiguous().view(torch.uint8).flatten(), b.contiguous().view(torch.uint8).flatten()
+        ua, ub = a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)
         if torch.equal(ua, ub):
             return None
         fa, fb = a.flatten(), b.flatten()

@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hobson import bytepool
 from hobson.errors import StageError
 from hobson.io import read_jsonl
 from hobson.rl import checkpoint as ckpt
@@ -139,7 +139,6 @@ def compare_runs(a: str | os.PathLike, b: str | os.PathLike) -> list[Item]:
 RECORD_FORMAT = "hobson-verify-resume-record/1"
 _DEPTH = 2  # nodes recorded below an item's root (every tensor, and the containers above it, always)
 _CHUNK = 64 << 20  # tensors larger than this are hashed as 64 MiB chunks in threads
-_POOL: ThreadPoolExecutor | None = None
 
 
 def _sha(*parts: bytes) -> str:
@@ -151,14 +150,11 @@ def _sha(*parts: bytes) -> str:
 
 def _bytes_digest(data: np.ndarray) -> str:
     """sha256 of the bytes; over 64 MiB, sha256 of the chunks' sha256s (hashlib frees the GIL)."""
-    global _POOL
     view = memoryview(data)
     if data.nbytes <= _CHUNK:
         return _sha(view)
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max(1, min(16, os.cpu_count() or 1)))
     chunks = [view[i : i + _CHUNK] for i in range(0, data.nbytes, _CHUNK)]
-    return _sha(b"chunks", *(bytes.fromhex(d) for d in _POOL.map(_sha, chunks)))
+    return _sha(b"chunks", *(bytes.fromhex(d) for d in bytepool.pool().map(_sha, chunks)))
 
 
 def _tensor_type(t: torch.Tensor) -> str:

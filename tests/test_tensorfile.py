@@ -119,11 +119,12 @@ def test_a_manifest_with_whole_file_digests_still_verifies(tmp_path: Path, monke
 def test_state_tensors_go_to_state_safetensors_and_come_back_where_they_were(tmp_path: Path) -> None:
     shared = torch.randn(4, 3)
     param = torch.nn.Parameter(torch.ones(2))
+    master = torch.randn(5).requires_grad_()  # as DeepSpeed's fp32 master groups are
     state = {
         "actor_trainer": {"state": {0: {"exp_avg": shared, "exp_avg_sq": torch.rand(4, 3), "step": torch.tensor(7.0)}},
                           "param_groups": [{"lr": 1e-4, "params": [0]}]},
         "sched": collections.OrderedDict(last=(shared, torch.arange(5))),
-        "param": param, "data_cursor": 12, "version": 3, "digest": "abc",
+        "param": param, "fp32_groups": [[master]], "data_cursor": 12, "version": 3, "digest": "abc",
     }
     actor = torch.nn.Linear(3, 4)
     path = ckpt.save_checkpoint(tmp_path, 3, actor=actor, critic=None, state=state)
@@ -135,7 +136,8 @@ def test_state_tensors_go_to_state_safetensors_and_come_back_where_they_were(tmp
     assert ckpt.first_difference({k: loaded[k] for k in state}, state) is None
     assert loaded["sched"]["last"][0] is loaded["actor_trainer"]["state"][0]["exp_avg"]
     assert type(loaded["sched"]) is collections.OrderedDict and type(loaded["sched"]["last"]) is tuple
-    assert isinstance(loaded["param"], torch.nn.Parameter)  # kept in state.pt as it was
+    assert isinstance(loaded["param"], torch.nn.Parameter) and loaded["fp32_groups"][0][0].requires_grad
+    assert {"param", "fp32_groups[0][0]"} <= set(stored)  # in the tensor file, not the pickle
     _equal_bits(loaded["actor"], dict(actor.state_dict()))
 
 

@@ -170,25 +170,27 @@ class TensorRef:
 
     name: str
     device: str
+    requires_grad: bool = False  # DeepSpeed's fp32 master groups require grad; they come back so
+    parameter: bool = False
 
 
 def split_tensors(obj: Any) -> tuple[Any, dict[str, torch.Tensor]]:
-    """``obj`` with each plain tensor (in dicts, lists and tuples) replaced by a :class:`TensorRef`,
-    and the tensors by name (their path in ``obj``). The same tensor object twice is stored once.
-    Tensors safetensors cannot hold (other dtypes, subclasses, ones that require grad) stay."""
+    """``obj`` with each tensor (in dicts, lists and tuples) replaced by a :class:`TensorRef`, and
+    the tensors by name (their path in ``obj``). The same tensor object twice is stored once.
+    Tensors safetensors cannot hold (other dtypes, subclasses other than Parameter) stay."""
     tensors: dict[str, torch.Tensor] = {}
     seen: dict[int, TensorRef] = {}
 
     def walk(x: Any, path: str) -> Any:
         if isinstance(x, torch.Tensor):
-            if type(x) is not torch.Tensor or x.requires_grad or x.dtype not in tensorfile.DTYPES:
+            if type(x) not in (torch.Tensor, nn.Parameter) or x.dtype not in tensorfile.DTYPES:
                 return x
             if id(x) not in seen:
                 name = path or "tensor"
                 while name in tensors:
                     name += "'"
                 tensors[name] = x
-                seen[id(x)] = TensorRef(name, str(x.device))
+                seen[id(x)] = TensorRef(name, str(x.device), x.requires_grad, type(x) is nn.Parameter)
             return seen[id(x)]
         if type(x) in (dict, collections.OrderedDict):
             return type(x)((k, walk(v, f"{path}.{k}" if path else str(k))) for k, v in x.items())
@@ -209,7 +211,8 @@ def join_tensors(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
                 if x.name not in tensors:
                     raise CheckpointCorrupt(f"{STATE_TENSORS} has no tensor {x.name!r}, which state.pt refers to")
                 t = tensors[x.name]
-                placed[x.name] = t if x.device == "cpu" else t.to(x.device)
+                t = t if x.device == "cpu" else t.to(x.device)
+                placed[x.name] = nn.Parameter(t, x.requires_grad) if x.parameter else t.requires_grad_(x.requires_grad)
             return placed[x.name]
         if type(x) in (dict, collections.OrderedDict):
             return type(x)((k, walk(v)) for k, v in x.items())

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from hobson import tensorfile
 from hobson.errors import DataError
 from hobson.io import atomic_dir
 
@@ -485,7 +485,8 @@ def write_checkpoint(
         else:
             files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
         for fname, shard in zip(files, shards, strict=True):
-            save_file({n: tensors[n].contiguous() for n in shard}, str(tmp / fname), metadata={"format": "pt"})
+            # threaded pwrites (hobson.tensorfile): a 16.7 GB publication is written on every update
+            tensorfile.save({n: tensors[n] for n in shard}, tmp / fname, metadata={"format": "pt"})
             written.append(out / fname)
         if len(shards) > 1:
             total = sum(t.numel() * t.element_size() for t in tensors.values())

@@ -51,14 +51,16 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def _write_cuda(fd: int, flat: torch.Tensor, start: int, stop: int, offset: int) -> None:
+    n = stop - start
     try:
         buf = _STAGING.get_nowait()
     except queue.Empty:
-        buf = torch.empty(PIECE, dtype=torch.uint8, pin_memory=True)
+        buf = None
+    if buf is None or buf.numel() < n:  # none free, or one from before PIECE changed (tests)
+        buf = torch.empty(max(PIECE, n), dtype=torch.uint8, pin_memory=True)
     try:
         streams = _STREAMS.__dict__.setdefault("by_device", {})
         stream = streams.get(flat.device) or streams.setdefault(flat.device, torch.cuda.Stream(flat.device))
-        n = stop - start
         with torch.cuda.stream(stream):
             buf[:n].copy_(flat[start:stop], non_blocking=True)
         stream.synchronize()  # frees the GIL while the copy runs

@@ -7,13 +7,14 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hobson import manifest, tensorfile
+from hobson import bytepool, manifest, tensorfile
 from hobson.rl import checkpoint as ckpt
 
 
@@ -175,3 +176,26 @@ def test_gpu_tensors_write_through_pinned_staging_bit_for_bit(tmp_path: Path, mo
     loaded = ckpt.load_checkpoint(path)
     assert loaded["opt"]["m"].device == state["opt"]["m"].device
     assert ckpt.first_difference(loaded["opt"], state["opt"]) is None
+
+
+def test_a_background_checkpoint_writes_on_its_own_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next update's publication must never queue behind a background checkpoint's pieces."""
+    seen: dict[str, set[str]] = {}
+    real = tensorfile._write_cpu
+
+    def recording(fd: int, flat: torch.Tensor, start: int, stop: int, offset: int) -> None:
+        seen.setdefault(lane, set()).add(threading.current_thread().name.rsplit("_", 1)[0])
+        real(fd, flat, start, stop, offset)
+
+    monkeypatch.setattr(tensorfile, "_write_cpu", recording)
+    actor = torch.nn.Linear(8, 8)
+    lane = "in line"
+    ckpt.save_checkpoint(tmp_path / "a", 1, actor=actor, critic=None, state={"m": torch.ones(4)})
+    lane = "background"
+    writer = ckpt.CheckpointWriter(tmp_path / "b")
+    writer.submit(1, ckpt.capture(1, actor=actor, critic=None, state={"m": torch.ones(4)}))
+    writer.wait()
+    assert seen == {"in line": {"hobson-foreground"}, "background": {"hobson-background"}}
+    with bytepool.background():
+        assert bytepool.pool()._max_workers == max(1, bytepool.workers() // 2)
+    assert bytepool.pool()._max_workers == bytepool.workers()

@@ -3,18 +3,23 @@
 hashlib releases the GIL for buffers over 2 KiB, os.pread/os.pwrite around the system call and
 torch around a CUDA stream synchronize, so threads run such work on as many cores as they have:
 on a 16-core GPU host a 35 GB checkpoint hashes in seconds rather than the ~20 s of one core.
-The pool is shared, not made per call, so concurrent users (the background checkpoint thread and
-a verifier) never hold more than one set of threads between them.
+The pool is shared, not made per call. Work off the update's critical path (the background
+checkpoint writer) runs inside :func:`background`, which gives its thread a second, smaller pool:
+one FIFO for both put the next update's publication behind every queued checkpoint piece (on an
+H200 host a 7.8 GB Huginn publication took 19-25 s beside a checkpoint write, 6.8 s alone).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-_POOL: ThreadPoolExecutor | None = None
+_POOLS: dict[str, ThreadPoolExecutor] = {}
 _LOCK = threading.Lock()
+_LANE = threading.local()  # which pool this thread's work goes to
 
 
 def workers() -> int:
@@ -27,8 +32,22 @@ def workers() -> int:
 
 
 def pool() -> ThreadPoolExecutor:
-    global _POOL
+    """The calling thread's pool: the foreground one, or inside :func:`background` the background one."""
+    lane = getattr(_LANE, "name", "foreground")
     with _LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(workers(), thread_name_prefix="hobson-bytes")
-        return _POOL
+        if lane not in _POOLS:
+            # the background gets half the threads: the memory bandwidth is what both share
+            n = workers() if lane == "foreground" else max(1, workers() // 2)
+            _POOLS[lane] = ThreadPoolExecutor(n, thread_name_prefix=f"hobson-{lane}")
+        return _POOLS[lane]
+
+
+@contextlib.contextmanager
+def background() -> Iterator[None]:
+    """Inside the block, this thread's byte work goes to the background pool."""
+    before = getattr(_LANE, "name", "foreground")
+    _LANE.name = "background"
+    try:
+        yield
+    finally:
+        _LANE.name = before

@@ -82,14 +82,14 @@ from hobson.rollout import publication
 exit_on_sigterm()
 provider = PROVIDERS["huginn_raven"]
 actor = provider.build_actor(tiny_config("huginn_raven"), seed=0)
-export = provider.export
+write = publication.write_checkpoint
 
-def export_then_terminated(module, path, **kw):
-    export(module, path, **kw)  # the weights are on disk in the temporary directory ...
+def write_then_terminated(path, tensors, config, *a):
+    write(path, tensors, config, *a)  # the weights are on disk in the temporary directory ...
     assert any(path.iterdir())
     os.kill(os.getpid(), signal.SIGTERM)  # ... when Slurm stops the step
 
-provider.export = export_then_terminated
+publication.write_checkpoint = write_then_terminated
 publication.publish(provider, actor, sys.argv[1], 0, model_revision="r", engine_revision="e", dtype=torch.float32)
 print("not reached")
 """

@@ -44,7 +44,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from hobson import manifest, rng, tensorfile
+from hobson import bytepool, manifest, rng, tensorfile
 from hobson.errors import HobsonError, StageError
 from hobson.io import atomic_dir, disk_full_is_an_error
 
@@ -302,7 +302,8 @@ class CheckpointWriter:
         def work() -> None:
             t0 = time.perf_counter()
             try:
-                self._result = (write(self.output, update, snap), time.perf_counter() - t0)
+                with bytepool.background():  # never ahead of the next update's publication
+                    self._result = (write(self.output, update, snap), time.perf_counter() - t0)
             except BaseException as e:  # handed to the main thread by wait()
                 self._result = e
 

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from hobson.errors import DigestMismatch, HobsonError
 from hobson.io import disk_full_is_an_error, fsync_files, write_json_atomic
-from hobson.models.common import DTYPE_NAMES, INDEX_FILE, SINGLE_FILE, SafetensorsDir
+from hobson.models.common import DTYPE_NAMES, INDEX_FILE, SINGLE_FILE, SafetensorsDir, write_checkpoint
 
 MANIFEST = "manifest.json"
 
@@ -242,7 +242,13 @@ def publish(
     with disk_full_is_an_error(final, need), tempfile.TemporaryDirectory(prefix=f".v{version:06d}.",
                                                                          dir=root) as tmp_root:
         tmp = Path(tmp_root) / "pub"
-        provider.export(actor, tmp, dtype=dtype)
+        # the tensors stay where they are: digested there (on a GPU, by the GPU) and written from
+        # there through pinned staging (hobson.tensorfile), never copied to the host whole. The
+        # engine that loads the files digests the bytes it reads and refuses any that differ.
+        tensors, config = provider.export_state(actor, dtype=dtype, device=None)
+        digest = tensors_digest(tensors)
+        write_checkpoint(tmp, tensors, config)
+        del tensors
         if not (tmp / INDEX_FILE).exists():
             # single-file exports get an index too, so every publication reads the same way
             names = SafetensorsDir(tmp).names()
@@ -251,7 +257,6 @@ def publish(
                     {"metadata": {}, "weight_map": dict.fromkeys(names, SINGLE_FILE)}, f, indent=2, sort_keys=True
                 )
                 f.write("\n")
-        digest = tensors_digest(read_tensors(tmp))
         # the digest covers every tensor byte; whole-file hashes would only hash the same bytes again
         files = {p.name: {"bytes": p.stat().st_size} for p in sorted(tmp.iterdir())}
         manifest = Manifest(

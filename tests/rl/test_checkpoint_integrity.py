@@ -63,7 +63,8 @@ def test_every_checkpoint_has_a_manifest_of_its_files(runs: tuple[Path, Path]) -
     assert ckpt.verify_checkpoint(d) == []
 
 
-@pytest.mark.parametrize("damage", ["critic.safetensors", "state.pt", "publication", "no manifest", "truncated"])
+@pytest.mark.parametrize("damage", ["critic.safetensors", "state.pt", "state.safetensors", "publication", "no manifest",
+                                    "truncated"])
 def test_a_damaged_newest_checkpoint_is_set_aside_and_the_result_is_unchanged(
         runs: tuple[Path, Path], tmp_path: Path, damage: str, capsys: pytest.CaptureFixture) -> None:
     full, part = runs

@@ -344,7 +344,9 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     for warning in verify_checkpoint(path):
         print(f"rl: warning: {warning}", flush=True)
     out = torch.load(path / "state.pt", weights_only=False)
-    if out.pop("format", None) == 3:
+    if out.pop("format", None) == 3 or (path / STATE_TENSORS).exists():
+        if not (path / STATE_TENSORS).is_file():
+            raise CheckpointCorrupt(f"{path / STATE_TENSORS}: missing (a format-3 state.pt keeps its tensors there)")
         out = join_tensors(out, load_file(str(path / STATE_TENSORS)))
     if "actor_publication" in out:
         from hobson.rollout.publication import read_verified

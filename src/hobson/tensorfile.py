@@ -22,7 +22,7 @@ from concurrent import futures
 
 import torch
 
-from hobson import bytepool
+from hobson import bytepool, graphlock
 
 PIECE = 64 << 20  # bytes per write: one pinned buffer each, and enough pieces to spread over threads
 
@@ -57,15 +57,16 @@ def _write_cuda(fd: int, flat: torch.Tensor, start: int, stop: int, offset: int,
         buf = _STAGING.get_nowait()
     except queue.Empty:
         buf = None
-    if buf is None or buf.numel() < n:  # none free, or one from before PIECE changed (tests)
-        buf = torch.empty(max(PIECE, n), dtype=torch.uint8, pin_memory=True)
-    try:
+    with graphlock.CAPTURE:  # no CUDA call of ours while a graph records (hobson.graphlock)
+        if buf is None or buf.numel() < n:  # none free, or one from before PIECE changed (tests)
+            buf = torch.empty(max(PIECE, n), dtype=torch.uint8, pin_memory=True)
         streams = _STREAMS.__dict__.setdefault("by_device", {})
         stream = streams.get(flat.device) or streams.setdefault(flat.device, torch.cuda.Stream(flat.device))
         with torch.cuda.stream(stream):
             stream.wait_event(ready)  # what the caller's stream queued for these bytes is done first
             buf[:n].copy_(flat[start:stop], non_blocking=True)
         stream.synchronize()  # frees the GIL while the copy runs
+    try:
         _pwrite_all(fd, buf[:n].numpy().data, offset)
     finally:
         _STAGING.put(buf)
@@ -91,8 +92,9 @@ def save(tensors: dict[str, torch.Tensor], path: str | os.PathLike, metadata: di
     # tensorfile]; not yet re-run on a GPU (see docs/BENCHMARKS.md, session 16).
     ready: dict[torch.device, torch.cuda.Event] = {}
     for device in {f.device for f in flats.values() if f.is_cuda}:
-        ready[device] = torch.cuda.Event()
-        ready[device].record(torch.cuda.current_stream(device))
+        with graphlock.CAPTURE:
+            ready[device] = torch.cuda.Event()
+            ready[device].record(torch.cuda.current_stream(device))
     header: dict[str, object] = {}
     end = 0
     for n in names:

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
+from hobson import graphlock
 from hobson.errors import ConfigError
 from hobson.models.common import DTYPE_NAMES, StaticKVCache, fused_kernels
 from hobson.models.huginn import LATENT_PROFILE, HuginnConfig, initial_state, latent_check
@@ -370,7 +371,8 @@ class NativeEngine:
         # thread_local: the background checkpoint writer copies GPU tensors to the host while the
         # next rollout records; in the default "global" mode any such call from another thread
         # invalidates the capture (cudaErrorStreamCaptureInvalidated, seen on two H200s)
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        # and hobson.graphlock keeps the writer's own CUDA calls out of the capture altogether
+        with graphlock.CAPTURE, torch.cuda.graph(graph, capture_error_mode="thread_local"):
             step()
         cache.length = length
         return graph

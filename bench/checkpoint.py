@@ -16,6 +16,8 @@ parameter (the bulk of DeepSpeed's fp32 masters and moments). Every write is fsy
   GPU pieces through pinned staging, the manifest hashed as 256 MiB chunks on all cores.
 - background: what the RL loop does by default: the update waits only for ``capture`` (a copy
   on the training device), then a thread writes it; the second row is capture to fsynced rename.
+- load: what a resume does with the last "before" and "now" checkpoints: verify every byte
+  against the manifest, then read the state (its tensors back on ``--device``) and the weights.
 
 Each figure is the best of ``--repeat``; outputs are removed (untimed) between writes.
 """
@@ -34,7 +36,7 @@ from pathlib import Path
 import torch
 from common import commit, environment, log, write_json
 from publish import SIZES
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from hobson import rng
 from hobson.io import atomic_dir, fsync_files
@@ -149,11 +151,40 @@ def main() -> None:
             log(f"{fn.__name__}: {min(times):.2f} s")
             return min(times), nbytes
 
+        def load_before(d: str) -> None:
+            """The resume's read as before: one SHA-256 per file on one core, then torch.load."""
+            files = json.loads((Path(d) / "manifest.json").read_text())["files"]
+            for name, want in files.items():
+                h = hashlib.sha256()
+                with open(os.path.join(d, name), "rb") as f:
+                    while chunk := f.read(1 << 20):
+                        h.update(chunk)
+                assert h.hexdigest() == want["sha256"], name
+            torch.load(os.path.join(d, "state.pt"), weights_only=False)
+            for name in models():
+                load_file(os.path.join(d, f"{name}.safetensors"))
+
+        def loaded(fn, d: str) -> float:
+            times = []
+            for _ in range(args.repeat):
+                t0 = time.perf_counter()
+                fn(d)
+                times.append(time.perf_counter() - t0)
+            log(f"{fn.__name__}: {min(times):.2f} s")
+            return min(times)
+
         torch.serialization.set_crc32_options(True)  # torch's default, for the plain way
         t_plain, plain_bytes = timed(plain, keep=True)
         src = os.path.join(tmp, f"plain-{args.repeat - 1}")
-        t_before, before_bytes = timed(before)
-        t_now, now_bytes = timed(now)
+        t_before, before_bytes = timed(before, keep=True)
+        t_load_before = loaded(load_before, os.path.join(tmp, f"before-{args.repeat - 1}"))
+        shutil.rmtree(os.path.join(tmp, f"before-{args.repeat - 1}"))
+        t_now, now_bytes = timed(now, keep=True)
+        def load_now(d: str) -> None:
+            ckpt.load_checkpoint(ckpt.checkpoint_dir(d, 1))
+
+        t_load_now = loaded(load_now, os.path.join(tmp, f"now-{args.repeat - 1}"))
+        shutil.rmtree(os.path.join(tmp, f"now-{args.repeat - 1}"))
         t_bg, _ = timed(background)
         t_copy, _ = timed(copy)
     params = sum(t.numel() for t in actor.parameters())
@@ -171,6 +202,14 @@ def main() -> None:
     ):
         print(f"{name:<44}{b / 1e6:>9.1f}{t:>10.3f}{b / 1e9 / t:>8.3f}{t_plain / t:>9.2f}{t_before / t:>10.2f}")
         rows.append({"write": name, "bytes": b, "seconds": t, "x_plain": t_plain / t, "x_before": t_before / t})
+    # the resume's side: verify every byte against the manifest, then read (from the page cache)
+    print(f"{'load (verify + read, page cache)':<44}{'MB':>9}{'seconds':>10}{'GB/s':>8}{'':>9}{'x before':>10}")
+    for name, t, b in (
+        ("load before: serial sha256 + torch.load", t_load_before, before_bytes),
+        ("load now: chunked verify + safetensors", t_load_now, now_bytes),
+    ):
+        print(f"{name:<44}{b / 1e6:>9.1f}{t:>10.3f}{b / 1e9 / t:>8.3f}{'':>9}{t_load_before / t:>10.2f}")
+        rows.append({"load": name, "bytes": b, "seconds": t, "x_before": t_load_before / t})
     if args.json:
         write_json(args.json, {"args": vars(args), "commit": commit(), "environment": environment(args.device),
                                "parameters": params, "rows": rows})

@@ -16,7 +16,12 @@ def test_checkpoint_bench_tiny(tmp_path: Path) -> None:
     (tmp_path / "w").mkdir()
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    rows = {line[:44].strip(): line[44:].split() for line in r.stdout.splitlines()[2:]}
+    lines = r.stdout.splitlines()
+    cut = next(i for i, line in enumerate(lines) if line.startswith("load (verify"))
+    rows = {line[:44].strip(): line[44:].split() for line in lines[2:cut]}
+    loads = {line[:44].strip(): line[44:].split() for line in lines[cut + 1:]}
+    assert set(loads) == {"load before: serial sha256 + torch.load", "load now: chunked verify + safetensors"}
+    assert all(float(v[1]) > 0 for v in loads.values())
     assert set(rows) == {"plain: save_file + torch.save (CRC-32)", "before: + no CRC-32, serial sha256",
                          "now: threaded tensorfile, chunked sha256", "background: the update waits (capture)",
                          "background: capture + write in a thread", "raw copy + fsync of the plain bytes"}
@@ -28,4 +33,4 @@ def test_checkpoint_bench_tiny(tmp_path: Path) -> None:
     assert max(sizes) - min(sizes) < 0.1 * max(sizes), rows
     assert list((tmp_path / "w").iterdir()) == []  # every output removed
     result = json.loads((tmp_path / "r.json").read_text())
-    assert [r["write"] for r in result["rows"]] == list(rows)
+    assert [r.get("write") or r["load"] for r in result["rows"]] == [*rows, *loads]

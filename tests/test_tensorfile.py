@@ -197,5 +197,17 @@ def test_a_background_checkpoint_writes_on_its_own_pool(tmp_path: Path, monkeypa
     writer.wait()
     assert seen == {"in line": {"hobson-foreground"}, "background": {"hobson-background"}}
     with bytepool.background():
-        assert bytepool.pool()._max_workers == max(1, bytepool.workers() // 2)
-    assert bytepool.pool()._max_workers == bytepool.workers()
+        back = bytepool.pool()
+    assert back is not bytepool.pool() and back._max_workers <= bytepool.pool()._max_workers
+
+
+def test_the_pool_uses_no_more_threads_than_the_stage_was_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    mine = len(os.sched_getaffinity(0))
+    monkeypatch.setenv("HOBSON_CPUS", "1")
+    assert bytepool.workers() == 1
+    monkeypatch.setenv("HOBSON_CPUS", "999")
+    assert bytepool.workers() == min(16, mine)
+    monkeypatch.delenv("HOBSON_CPUS")
+    assert bytepool.workers() == min(16, mine)

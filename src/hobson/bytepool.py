@@ -23,11 +23,16 @@ _LANE = threading.local()  # which pool this thread's work goes to
 
 
 def workers() -> int:
-    """Threads to use: the CPUs this process may run on, at most 16 (past that, memory bandwidth)."""
+    """Threads to use: the CPUs this process may run on, or fewer where its backend gave the stage
+    fewer (``$HOBSON_CPUS``: the local backend sets no affinity), at most 16 (past that, memory
+    bandwidth)."""
     try:
         n = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         n = os.cpu_count() or 1
+    given = os.environ.get("HOBSON_CPUS", "")
+    if given.isdigit() and int(given) > 0:
+        n = min(n, int(given))
     return max(1, min(16, n))
 
 

@@ -104,6 +104,9 @@ def test_manifest_hashes_large_files_in_chunks_and_names_the_damaged_one(tmp_pat
     bad = {**found, "files": {**found["files"], "big.bin": {**found["files"]["big.bin"], "chunk_bytes": 0}}}
     with pytest.raises(manifest.ManifestMismatch, match="chunk_bytes is 0, not a positive integer"):
         manifest.verify(d, bad)
+    for broken in ({"bytes": len(data), "chunk_bytes": 1000}, {"bytes": len(data)}, "x"):
+        with pytest.raises(manifest.ManifestMismatch, match=r"unreadable entry for big\.bin"):
+            manifest.verify(d, {**found, "files": {**found["files"], "big.bin": broken}})
 
 
 def test_a_manifest_with_whole_file_digests_still_verifies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -60,9 +60,25 @@ def _ranges(size: int, chunk: int | None) -> list[tuple[int, int]]:
 
 def _hash_all(jobs: list[tuple[Path, int | None]]) -> list[list[str]]:
     """For each (file, chunk bytes or None for whole), the SHA-256 of its ranges, all in parallel."""
-    flat = [(p, a, n) for p, chunk in jobs for a, n in _ranges(p.stat().st_size, chunk)]
+    ranges = [_ranges(p.stat().st_size, chunk) for p, chunk in jobs]
+    flat = [(p, a, n) for (p, _), rs in zip(jobs, ranges, strict=True) for a, n in rs]
     digests = iter(bytepool.pool().map(lambda job: _sha256_range(*job), flat))
-    return [[next(digests) for _ in _ranges(p.stat().st_size, chunk)] for p, chunk in jobs]
+    return [[next(digests) for _ in rs] for rs in ranges]
+
+
+def _check_entry(where: Path, name: str, want: Any) -> None:
+    """An entry a manifest lists is well formed, else one clear error (the file was edited or damaged)."""
+    ok = isinstance(want, dict) and type(want.get("bytes")) is int
+    if ok and "chunk_bytes" in want:
+        chunk, chunks = want["chunk_bytes"], want.get("sha256_chunks")
+        if type(chunk) is not int or chunk <= 0:
+            raise ManifestMismatch(f"{where}: {name}'s chunk_bytes is {chunk!r}, not a positive integer")
+        ok = isinstance(chunks, list) and all(isinstance(c, str) for c in chunks)
+    elif ok:
+        ok = isinstance(want.get("sha256"), str)
+    if not ok:
+        raise ManifestMismatch(f"{where}: unreadable entry for {name} (needs bytes and sha256, or chunk_bytes "
+                               "and sha256_chunks); the checkpoint cannot be verified")
 
 
 def entry(path: Path, chunks: list[str], chunk: int | None) -> dict[str, Any]:
@@ -110,6 +126,8 @@ def verify(directory: Path, manifest: dict[str, Any]) -> None:
     """Every file ``manifest`` lists has its size and SHA-256; raises :class:`ManifestMismatch`."""
     listed = sorted(manifest["files"].items())
     for name, want in listed:
+        _check_entry(directory / MANIFEST, name, want)
+    for name, want in listed:
         f = directory / name
         if not f.is_file():
             raise ManifestMismatch(f"{f}: missing (the manifest lists it)")
@@ -117,10 +135,6 @@ def verify(directory: Path, manifest: dict[str, Any]) -> None:
         if size != want["bytes"]:
             raise ManifestMismatch(f"{f}: {size} bytes, the manifest says {want['bytes']} (truncated or extended)")
     jobs = [(directory / name, want.get("chunk_bytes")) for name, want in listed]
-    for f, chunk in jobs:
-        if chunk is not None and (type(chunk) is not int or chunk <= 0):
-            raise ManifestMismatch(f"{directory / MANIFEST}: {f.name}'s chunk_bytes is {chunk!r}, "
-                                   "not a positive integer")
     for (f, chunk), (_, want), found in zip(jobs, listed, _hash_all(jobs), strict=True):
         expected = [want["sha256"]] if chunk is None else want["sha256_chunks"]
         for i, (a, b) in enumerate(zip(found, expected, strict=False)):

@@ -25,7 +25,6 @@ Each figure is the best of ``--repeat``; outputs are removed (untimed) between w
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -36,15 +35,13 @@ from pathlib import Path
 import torch
 from common import commit, environment, log, write_json
 from publish import SIZES
+from rl_gpu import config_for, random_model
 from safetensors.torch import load_file, save_file
 
 from hobson import rng
-from hobson.io import atomic_dir, fsync_files
-from hobson.models import PROVIDERS, get_provider, tiny_config
+from hobson.io import atomic_dir, fsync_files, sha256_file
+from hobson.models import get_provider, tiny_config
 from hobson.rl import checkpoint as ckpt
-
-ROOT = Path(__file__).resolve().parents[1]
-OFFICIAL = {"huginn_raven": "huginn-0125.config.json", "nanbeige": "nanbeige4.2-3b.config.json"}
 
 
 def parse_args() -> argparse.Namespace:
@@ -60,16 +57,10 @@ def parse_args() -> argparse.Namespace:
 
 
 def build(kind: str, size: str, device: str) -> torch.nn.Module:
-    if size != "official":
-        small = tiny_config(kind, **SIZES[size][kind])
-        return get_provider(small).build_actor(small, seed=0).to(device)
-    cfg = PROVIDERS[kind].config(json.loads((ROOT / "tests/fixtures/official-models" / OFFICIAL[kind]).read_text()))
-    model = PROVIDERS[kind]._build(cfg, False, torch.float32, device, 0, init=False)
-    with torch.no_grad():  # random bytes drawn where they live: the provider's CPU init takes minutes at 4B
-        for t in model.state_dict().values():
-            if t.is_floating_point():
-                t.normal_(0, 0.02)
-    return model
+    if size == "official":  # random weights drawn on the device, as the RL bench draws them
+        return random_model(kind, config_for(kind, "official"), torch.float32, device)
+    small = tiny_config(kind, **SIZES[size][kind])
+    return get_provider(small).build_actor(small, seed=0).to(device)
 
 
 def adam_state(model: torch.nn.Module) -> dict:
@@ -111,13 +102,7 @@ def main() -> None:
                               str(t / f"{name}.safetensors"))
                 with ckpt._without_crc32():
                     torch.save({**state, "rng": rng.capture(), "format": 2}, t / "state.pt")
-                files = {}
-                for p in sorted(t.iterdir()):
-                    h = hashlib.sha256()
-                    with open(p, "rb") as f:
-                        while chunk := f.read(1 << 20):
-                            h.update(chunk)
-                    files[p.name] = {"bytes": p.stat().st_size, "sha256": h.hexdigest()}
+                files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(t.iterdir())}
                 (t / "manifest.json").write_text(json.dumps({"files": files}))
 
         def now(d: str) -> None:
@@ -155,11 +140,7 @@ def main() -> None:
             """The resume's read as before: one SHA-256 per file on one core, then torch.load."""
             files = json.loads((Path(d) / "manifest.json").read_text())["files"]
             for name, want in files.items():
-                h = hashlib.sha256()
-                with open(os.path.join(d, name), "rb") as f:
-                    while chunk := f.read(1 << 20):
-                        h.update(chunk)
-                assert h.hexdigest() == want["sha256"], name
+                assert sha256_file(os.path.join(d, name)) == want["sha256"], name
             torch.load(os.path.join(d, "state.pt"), weights_only=False)
             for name in models():
                 load_file(os.path.join(d, f"{name}.safetensors"))

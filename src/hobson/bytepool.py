@@ -2,7 +2,7 @@
 
 hashlib releases the GIL for buffers over 2 KiB, os.pread/os.pwrite around the system call and
 torch around a CUDA stream synchronize, so threads run such work on as many cores as they have:
-on a 16-core GPU host a 35 GB checkpoint hashes in seconds rather than the ~20 s of one core.
+on the 16-core H200 host 16 threads hashed 16.7 GB in 1.07 s (issue 19's figure).
 The pool is shared, not made per call. Work off the update's critical path (the background
 checkpoint writer) runs inside :func:`background`, which gives its thread a second, smaller pool:
 one FIFO for both put the next update's publication behind every queued checkpoint piece (on an

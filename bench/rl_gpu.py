@@ -352,7 +352,7 @@ def part_publish(args, res: dict, model_dir: Path) -> None:
 def rl_cmd(args, model_dir: Path, alg: str, out: Path, *extra: str) -> list[str]:
     return [
         sys.executable, "-m", "jobs.rl", "--algorithm", alg, "--model", str(model_dir), "--output", str(out),
-        "--updates", "3", "--precision", precision(args),
+        "--updates", str(args.updates), "--precision", precision(args),
         "--device", args.device,
         "--engine-device", args.engine_device, "--reward", args.reward, "--keep-checkpoints", "1",
         "--keep-publications", "1", *(["--recompute"] if args.size == "official" else []),
@@ -544,6 +544,7 @@ def main() -> None:
                    help="rollout: also profile one generate of each engine and print where the time goes")
     p.add_argument("--algorithms", default=",".join(ALGORITHMS))
     p.add_argument("--checkpoint-every", type=int, default=1, help="e2e: checkpoint every K updates (default 1)")
+    p.add_argument("--updates", type=int, default=3, help="e2e: updates in the full run (default 3)")
     p.add_argument("--transport", default="shared-dir", choices=["shared-dir", "dist"],
                    help="e2e: how versions reach the engine (dist with the engine in-process: a hand-off)")
     p.add_argument("--resume-algorithms", default=",".join(ALGORITHMS), help="those also stopped and resumed")

@@ -131,6 +131,10 @@ def main() -> int:
     stage_only = best(lambda: publication.stage(provider, actor, next(versions), model_revision="bench",
                                                 engine_revision="bench", dtype=dtype), args.repeat)
     rows["part: stage alone (export + digest)"] = stage_only
+    exported = provider.export_state(actor, dtype=dtype)[0]
+    rows["part: version digest alone (on the tensors' device)"] = best(lambda: publication.tensors_digest(exported),
+                                                                      args.repeat)
+    exported.clear()  # the copy's memory back before the copy limits below
     state = [p.detach().to(dtype) for p in actor.state_dict().values()]
     rows["limit: in-memory copy of the bytes"] = best(lambda: synced(dev, [t.clone() for t in state]), args.repeat)
     if dev != "cpu":

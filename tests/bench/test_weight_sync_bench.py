@@ -20,7 +20,8 @@ def test_weight_sync_bench_tiny(tmp_path: Path) -> None:
             if line.startswith("| ") and not line.startswith(("| path", "| ---")) and (cells := line.split("|"))}
     assert set(rows) == {"shared-dir, remote (write + server load)", "dist, remote (stage + broadcast + commit)",
                          "limit: gloo broadcast of the bytes, remote", "dist, in-process (stage + hand-off + commit)",
-                         "part: stage alone (export + digest)", "limit: in-memory copy of the bytes"}
+                         "part: stage alone (export + digest)", "part: version digest alone (on the tensors' device)",
+                         "limit: in-memory copy of the bytes"}
     rec = json.loads(out.read_text())
     assert rec["bench"] == "weight_sync" and set(rec["weight_sync_s"]) == set(rows) and rec["bytes"] > 0
     assert all(t > 0 for t in rec["weight_sync_s"].values())

@@ -50,3 +50,17 @@ def test_every_change_changes_the_digest(monkeypatch: pytest.MonkeyPatch) -> Non
     t = base["w"].clone()
     t.view(-1)[1000] += 1
     assert publication.tensors_digest({**base, "w": t}) != small
+
+
+def test_the_device_path_reads_back_the_same_sums_as_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_device_sums`` is what a GPU runs (one read-back per device for all tensors); on CPU
+    tensors it must give every tensor's piece sums exactly as the numpy path does, in order."""
+    monkeypatch.setattr(publication, "DIGEST_CHUNK", 64)  # several pieces per tensor, a short last one
+    base = _tensors()
+    names = sorted(base)
+    split = {n: publication._pieces(base[n]) for n in names}
+    want = {n: [v for a, b in split[n][1] for v in publication._piece_sums_np(split[n][0][a:b].numpy())]
+            for n in names if split[n][1]}
+    got = publication._device_sums(split, names)
+    assert got == want
+    assert len(got["w"]) == 2 * -(-300 * 7 * 4 // 64)

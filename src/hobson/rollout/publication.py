@@ -83,17 +83,36 @@ def _piece_sums_np(piece: Any) -> list[int]:
 
 
 def _piece_sums_torch(piece: Tensor) -> Tensor:
-    """The same two sums on ``piece``'s device (int64 arithmetic, no overflow anywhere)."""
+    """The same two sums on ``piece``'s device: the int32 products wrap as numpy's do (two's
+    complement, what every CPU and GPU integer multiply gives), and the sum accumulates them in
+    int64 (exact: 2**24 terms below 2**31 each). One product buffer and one reduction per piece,
+    not an int64 copy of every word: the digest reads its bytes about once, which is what makes
+    it cheap next to the copy it checks."""
     key = str(piece.device)
     words = piece.numel() // 4
     m = _MULTIPLIERS.get(key)
     if m is None or m.shape[1] < words:
-        m = torch.from_numpy(_multipliers_np(max(words, 1 << 16))).to(piece.device, torch.int64)
+        m = torch.from_numpy(_multipliers_np(max(words, 1 << 16))).to(piece.device)
         _MULTIPLIERS[key] = m
-    w = piece.view(torch.int32).to(torch.int64)
-    p = (w * m[:, :words]) & 0xFFFFFFFF  # the int32 product's bits, then its signed value
-    p = p - ((p >> 31) << 32)
-    return p.sum(dim=1)
+    return (piece.view(torch.int32) * m[:, :words]).sum(dim=1, dtype=torch.int64)
+
+
+def _device_sums(split: dict[str, tuple[Tensor, list[tuple[int, int]]]], names: list[str]) -> dict[str, list[int]]:
+    """The piece sums of ``names`` on their own devices, read back in one transfer at the end
+    (a ``.tolist()`` per tensor would wait for the device hundreds of times per version)."""
+    parts = [(n, torch.stack([_piece_sums_torch(split[n][0][a:b]) for a, b in split[n][1]]).reshape(-1))
+             for n in names if split[n][1]]
+    out: dict[str, list[int]] = {}
+    by_device: dict[Any, list[tuple[str, Tensor]]] = {}
+    for n, s in parts:
+        by_device.setdefault(s.device, []).append((n, s))
+    for group in by_device.values():
+        flat = torch.cat([s for _, s in group]).tolist()
+        i = 0
+        for n, s in group:
+            out[n] = flat[i:i + s.numel()]
+            i += s.numel()
+    return out
 
 
 def _pieces(t: Tensor) -> tuple[Tensor, list[tuple[int, int]]]:
@@ -133,10 +152,7 @@ def tensors_digest(tensors: dict[str, Tensor], workers: int | None = None) -> st
         for (n, _, _), s in zip(cpu, got, strict=True):
             sums.setdefault(n, []).extend(s)
     with torch.no_grad():
-        for n in names:
-            flat, pieces = split[n]
-            if flat.device.type != "cpu" and pieces:
-                sums[n] = torch.stack([_piece_sums_torch(flat[a:b]) for a, b in pieces]).reshape(-1).tolist()
+        sums.update(_device_sums(split, [n for n in names if split[n][0].device.type != "cpu"]))
     h = hashlib.sha256()
     for n in names:
         t = tensors[n]

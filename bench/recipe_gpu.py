@@ -2,7 +2,7 @@
 
     python bench/recipe_gpu.py label --device cuda --json out/label.json
     python bench/recipe_gpu.py train --device cuda --json out/train.json [--gdn compiled] [--profile N] \
-                                     [--set KEY=VALUE ...]
+                                     [--set KEY=VALUE ...]   # e.g. --set compile_layers=true
     python bench/recipe_gpu.py ddp   --device cuda --json out/ddp.json       # needs 2 GPUs (skipped with 1)
     python bench/recipe_gpu.py all   --device cuda --json out/all.json       # the three, one JSON
     python bench/recipe_gpu.py all   --device cpu --shape tiny --json x.json # seconds, on a CPU (CI)

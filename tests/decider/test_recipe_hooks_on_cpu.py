@@ -212,6 +212,11 @@ def test_the_new_keys_are_validated_and_resume_older_checkpoints(config_factory,
             load_train_config(path, [bad])
     with pytest.raises(ConfigError, match="unknown key 'gated_delta_rules'"):
         load_train_config(path, ["gated_delta_rules=torch"])
+    with pytest.raises(ConfigError, match="'compile_layers' must be bool, got 'maybe'"):
+        load_train_config(path, ["compile_layers=maybe"])
+    # compiling is run control, as the kernel is: a checkpoint trained without it resumes with it
+    assert resume_conflicts({k: v for k, v in load_train_config(path).__dict__.items() if not k.startswith("_")},
+                            load_train_config(path, ["compile_layers=true"])) == []
     cfg = load_train_config(path, ["gated_delta_rule=compiled"])
     saved = {k: v for k, v in load_train_config(path).__dict__.items() if not k.startswith("_")}
     older = {k: v for k, v in saved.items() if k not in ("torso_init", "gated_delta_rule")}
@@ -219,3 +224,41 @@ def test_the_new_keys_are_validated_and_resume_older_checkpoints(config_factory,
     assert resume_conflicts(older, cfg) == []
     assert resume_conflicts(saved | {"torso_init": "random"}, cfg) == [
         "torso_init: checkpoint 'random', now 'pretrained'"]
+
+
+def _trained(cfg, **kw) -> dict[str, torch.Tensor]:
+    recipe = DeciderTrainRecipe(cfg, **kw)
+    try:
+        recipe.setup()
+        assert recipe.train() == 0
+        return {k: v.detach().clone() for k, v in recipe.model.state_dict().items()}
+    finally:
+        recipe.cleanup()
+
+
+def test_compile_layers_runs_every_layer_through_dynamo_with_the_same_state(config_factory, tmp_path, capsys):
+    """compile_layers: true compiles each decoder layer in place, under gradient checkpointing and
+    beside the adapter-off frozen forward. With dynamo's ``eager`` backend (the graphs dynamo
+    captures, run as captured; no code generation) one step gives
+    bit for bit the state dict, same names included, of the uncompiled run: the wiring changes
+    nothing but who calls the layers. What inductor's fused kernels gain is a GPU figure
+    (bench/recipe_gpu.py train --set compile_layers=true)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    sets = ["gradient_checkpointing=true", "resume=false", "stop_after_steps=1"]
+    path = config_factory(tmp_path / "train.yaml", tmp_path / "out")
+    plain = _trained(load_train_config(path, [*sets, f"output_dir={tmp_path / 'plain'}"]))
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        compiled = _trained(load_train_config(path, [*sets, f"output_dir={tmp_path / 'compiled'}",
+                                                     "compile_layers=true"]), compile_backend="eager")
+        frames = counters["frames"]["ok"]
+    finally:
+        torch._dynamo.reset()
+    layers = {k.split(".layers.")[1].split(".")[0] for k in plain if ".layers." in k}
+    assert frames >= 1  # dynamo ran the layers (one graph serves every layer of a class)
+    assert list(compiled) == list(plain)  # no "_orig_mod." in any name
+    assert all(torch.equal(compiled[k], plain[k]) for k in plain)
+    assert f'"compile_layers": {{"backend": "eager", "layers": {len(layers)}}}' in capsys.readouterr().out

@@ -30,7 +30,7 @@ TORSO_INITS = ("pretrained", "random")
 RUN_CONTROL_KEYS = frozenset({
     "output_dir", "checkpoint_every", "keep_checkpoints", "on_usr2", "stop_after_steps",
     "eval_every", "val_batch_size", "log_every", "num_threads", "resume", "trace_dir", "device",
-    "val_file", "gated_delta_rule",
+    "val_file", "gated_delta_rule", "compile_layers",
 })
 # Keys added after checkpoints were first written: a checkpoint's config without one was trained
 # with this value (what every run did before the key existed), so resuming it is no conflict.
@@ -137,6 +137,9 @@ class TrainConfig:
     # The chunked rule of Gated DeltaNet layers (Qwen3.5): auto (fla's kernel when it imports and its
     # backward runs here, else torch), torch (the reference function), compiled (it, torch.compile'd).
     gated_delta_rule: str = "auto"
+    # Every decoder layer under torch.compile (hobson.decider.compiling): fuses the elementwise work
+    # around the matmuls on a GPU; the first steps of each length class pay the compile.
+    compile_layers: bool = False
     trace_dir: str | None = None  # debug: per-step all-reduced gradients and rendered token ids
 
     def __post_init__(self) -> None:

@@ -108,10 +108,9 @@ def _reference(torch_fn: Callable, *, compiled: bool, backend: str) -> Callable:
     params = frozenset(inspect.signature(torch_fn).parameters)
     fn = torch_fn
     if compiled:
-        dyn = torch._dynamo.config
-        for knob in ("recompile_limit", "cache_size_limit"):  # one graph per distinct length / grad mode
-            if hasattr(dyn, knob):
-                setattr(dyn, knob, max(getattr(dyn, knob), 64))
+        from hobson.decider.compiling import allow_recompiles
+
+        allow_recompiles()  # one graph per distinct length / grad mode
         fn = torch.compile(torch_fn, backend=backend)
 
     def reference(*args: Any, **kwargs: Any) -> Any:

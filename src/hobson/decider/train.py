@@ -51,6 +51,7 @@ from hobson.decider.checkpoint import (
     step_dir,
 )
 from hobson.decider.collate import Batch, Collator, to_canonical, token_lengths
+from hobson.decider.compiling import compile_decoder_layers
 from hobson.decider.config import TrainConfig, config_to_dict, resume_conflicts
 from hobson.decider.kernels import KernelChoice, select_gated_delta_rule
 from hobson.decider.loss import decider_loss, masked_log_softmax
@@ -130,9 +131,11 @@ def lr_lambda(total_steps: int, warmup_steps: int, min_lr_ratio: float):
 class DeciderTrainRecipe:
     """``__init__`` fails fast on settings; ``setup``; ``train`` returns the exit code; ``cleanup``."""
 
-    def __init__(self, cfg: TrainConfig, on_step: Callable[[StepStats], None] | None = None) -> None:
+    def __init__(self, cfg: TrainConfig, on_step: Callable[[StepStats], None] | None = None,
+                 compile_backend: str = "inductor") -> None:
         self.cfg = cfg
         self.on_step = on_step  # called on every rank after each optimizer step
+        self.compile_backend = compile_backend  # torch.compile's backend (tests: "eager", no code generation)
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -234,9 +237,13 @@ class DeciderTrainRecipe:
     def _setup_model(self) -> None:
         self.model: Decider = build_decider(self.cfg, self.tokenizer, self.device)
         self.kernels = self._contexts.enter_context(
-            select_gated_delta_rule(self.model.torso, self.cfg.gated_delta_rule, self.device))
+            select_gated_delta_rule(self.model.torso, self.cfg.gated_delta_rule, self.device,
+                                    compile_backend=self.compile_backend))
         if self.kernels is not None:  # only for torsos with Gated DeltaNet layers
             self._log({"gated_delta_rule": {k: v for k, v in self.kernels.as_dict().items() if k != "calls"}})
+        if self.cfg.compile_layers:  # before DDP wraps the model: DDP then sees the compiled layers
+            n = compile_decoder_layers(self.model.torso, backend=self.compile_backend)
+            self._log({"compile_layers": {"layers": n, "backend": self.compile_backend}})
         if self.cfg.init_from and self.resume_from is None:  # a resumed run loads its own newer weights instead
             init = load_checkpoint(self.cfg.init_from, trainer_state=False)
             self.model.load_adapter_state(init.adapter)

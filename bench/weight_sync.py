@@ -59,8 +59,11 @@ def parse_args() -> argparse.Namespace:
 
 def start_server(addr: Path, device: str = "cpu") -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
-    proc = subprocess.Popen([sys.executable, "-m", "hobson.jobs.rollout_server", "--address-file", str(addr),
-                             "--advertise", "127.0.0.1", "--device", device], env=env, stdout=subprocess.DEVNULL)
+    # ``jobs.rollout_server`` from the repository root, as bench/rl_gpu.py runs ``jobs.rl``: it also
+    # works from a checkout on PYTHONPATH, where the installed name ``hobson.jobs`` does not exist
+    proc = subprocess.Popen([sys.executable, "-m", "jobs.rollout_server", "--address-file", str(addr),
+                             "--advertise", "127.0.0.1", "--device", device], env=env, cwd=REPO,
+                            stdout=subprocess.DEVNULL)
     wait_ready(addr, 120, watch_pid=proc.pid)
     return proc
 

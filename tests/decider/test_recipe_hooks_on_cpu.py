@@ -262,3 +262,30 @@ def test_compile_layers_runs_every_layer_through_dynamo_with_the_same_state(conf
     assert list(compiled) == list(plain)  # no "_orig_mod." in any name
     assert all(torch.equal(compiled[k], plain[k]) for k in plain)
     assert f'"compile_layers": {{"backend": "eager", "layers": {len(layers)}}}' in capsys.readouterr().out
+
+
+def test_compile_layers_leaves_the_chunked_rule_to_its_setting(qwen35_dir):
+    """In a compiled Qwen3.5 torso the Gated DeltaNet rule is a graph break (``opaque``, what the
+    recipe asks for under compile_layers): it runs as gated_delta_rule says, here the torch
+    function, counted on every call, so dynamo never traced into it (on a GPU: never into fla's
+    triton code); the forward equals the uncompiled one bit for bit."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from hobson.decider.compiling import compile_decoder_layers
+
+    torso, _, _ = load_torso(str(qwen35_dir), dtype=torch.float32, attn_implementation="sdpa", keep_lm_head=False,
+                             init="random")
+    with torch.no_grad():
+        ref = _forward(torso)
+        torch._dynamo.reset()
+        counters.clear()
+        try:
+            with select_gated_delta_rule(torso, "torch", "cpu", opaque=True) as choice:
+                assert compile_decoder_layers(torso, backend="eager") == 4
+                out = _forward(torso)
+        finally:
+            torch._dynamo.reset()
+    assert choice.calls == LINEAR_LAYERS  # each layer's call ran, and outside the graph
+    assert counters["frames"]["ok"] >= 1 and sum(counters["graph_break"].values()) >= 1
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)

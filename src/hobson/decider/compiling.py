@@ -15,6 +15,11 @@ shares its graphs (dynamo inlines the module and treats its weights as inputs), 
 allow the few graphs per class that grad mode (training vs the frozen-KL forward) and the
 adapter's on/off branch need.
 
+A Gated DeltaNet layer's chunked rule stays outside the graphs (the recipe opens
+``select_gated_delta_rule`` with ``opaque=True``): it runs as ``gated_delta_rule`` says, fla's
+kernels included, and dynamo neither traces into fla's triton code nor unrolls the torch
+function's chunk loop; it compiles the work around the rule.
+
 A compiled layer rounds differently from the eager one (fused arithmetic), so a run's numbers
 depend on this setting like on ``gated_delta_rule``; both are run control, as the kernel is.
 """

@@ -122,8 +122,13 @@ def _reference(torch_fn: Callable, *, compiled: bool, backend: str) -> Callable:
 
 @contextlib.contextmanager
 def select_gated_delta_rule(model: torch.nn.Module, setting: str, device: torch.device | str,
-                            *, compile_backend: str = "inductor") -> Iterator[KernelChoice | None]:
-    """Set the chunked rule ``model``'s Gated DeltaNet layers call, for the block; yields the choice."""
+                            *, compile_backend: str = "inductor",
+                            opaque: bool = False) -> Iterator[KernelChoice | None]:
+    """Set the chunked rule ``model``'s Gated DeltaNet layers call, for the block; yields the choice.
+
+    ``opaque``: the call is a graph break for a compiled layer (``compile_layers``): the rule runs
+    as this setting says (fla's kernels, or the torch function, itself compiled for ``compiled``)
+    and dynamo compiles only the work around it, never tracing into fla's triton code."""
     if setting not in GATED_DELTA_RULES:
         raise ConfigError(f"gated_delta_rule {setting!r} is not one of {', '.join(GATED_DELTA_RULES)}")
     modules = gated_deltanet_modules(model)
@@ -157,7 +162,8 @@ def select_gated_delta_rule(model: torch.nn.Module, setting: str, device: torch.
             keep = choice.chunk_gated_delta_rule == kernel and not choice.compiled
             target = dispatch if keep else _reference(inspect.unwrap(dispatch), compiled=choice.compiled,
                                                       backend=compile_backend)
-            setattr(m, FUNCTION, counted(target))
+            call = counted(target)
+            setattr(m, FUNCTION, torch.compiler.disable(call) if opaque else call)
         yield choice
     finally:
         for m, dispatch in originals.items():

@@ -238,7 +238,7 @@ class DeciderTrainRecipe:
         self.model: Decider = build_decider(self.cfg, self.tokenizer, self.device)
         self.kernels = self._contexts.enter_context(
             select_gated_delta_rule(self.model.torso, self.cfg.gated_delta_rule, self.device,
-                                    compile_backend=self.compile_backend))
+                                    compile_backend=self.compile_backend, opaque=self.cfg.compile_layers))
         if self.kernels is not None:  # only for torsos with Gated DeltaNet layers
             self._log({"gated_delta_rule": {k: v for k, v in self.kernels.as_dict().items() if k != "calls"}})
         if self.cfg.compile_layers:  # before DDP wraps the model: DDP then sees the compiled layers

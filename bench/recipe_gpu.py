@@ -3,8 +3,10 @@
     python bench/recipe_gpu.py label --device cuda --json out/label.json
     python bench/recipe_gpu.py train --device cuda --json out/train.json [--gdn compiled] [--profile N] \
                                      [--set KEY=VALUE ...]   # e.g. --set compile_layers=true
+    python bench/recipe_gpu.py replay --device cuda --json out/replay.json   # the decider labels the corpus
     python bench/recipe_gpu.py ddp   --device cuda --json out/ddp.json       # needs 2 GPUs (skipped with 1)
-    python bench/recipe_gpu.py all   --device cuda --json out/all.json       # the three, one JSON
+    python bench/recipe_gpu.py all   --device cuda --json out/all.json       # the four, one JSON
+    python bench/projection.py out/all.json --gpus 8                         # recipe all --ngpu 8, projected
     python bench/recipe_gpu.py all   --device cpu --shape tiny --json x.json # seconds, on a CPU (CI)
 
 Every figure comes from the project's own code on random weights (no download): the corpus is the
@@ -557,6 +559,49 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
 
 
 # --- ddp ----------------------------------------------------------------------------------------------
+def bench_replay(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
+    """The replay stage's work on one device: the decider (the torso as ``train`` builds it, a
+    fresh adapter and head) labels the corpus through ``label_rows`` + ``DeciderScorer``, exactly
+    as ``jobs.replay`` does for its shard; calibration and evaluation run the same forwards."""
+    from transformers import AutoTokenizer
+
+    from hobson.decider.checkpoint import DEFAULT_TEMPERATURES
+    from hobson.decider.config import load_train_config
+    from hobson.decider.model import build_decider
+    from hobson.decider.predict import DeciderScorer, LoadedDecider
+    from hobson.labels import label_rows
+
+    device = args.device
+    out = ws.root / "replay"
+    overrides = train_overrides(args, ws, out, bf16=device == "cuda")
+    cfg = load_train_config(args.config, [*overrides, "kl_frozen_weight=0.0", "gradient_checkpointing=false"])
+    rows = ws.rows()[:TINY_LABEL_ROWS] if args.shape == "tiny" else ws.rows()
+    with stdout_to_stderr():
+        tok = AutoTokenizer.from_pretrained(cfg.tokenizer)
+        model = build_decider(cfg, tok, init_device(device)).eval()
+    loaded = LoadedDecider(model, tok, cfg, dict(DEFAULT_TEMPERATURES), str(out), torch.device(init_device(device)))
+    scorer = DeciderScorer(loaded)
+    lengths = scorer.lengths(rows)
+    kw = dict(max_batch_tokens=args.max_batch_tokens, max_batch_rows=args.max_batch_rows)
+    log(f"replay: warm-up, then the decider labels {len(rows)} rows")
+    label_rows(rows[: min(len(rows), 64)], scorer, out=str(out / "warm.jsonl"), **kw)
+    sync(device)
+    start = time.perf_counter()
+    result = label_rows(rows, scorer, out=str(out / "replay.jsonl"), **kw)
+    sync(device)
+    wall = time.perf_counter() - start
+    fig = {"shape": args.shape, "device": device, "dtype": "bfloat16" if cfg.bf16 else "float32",
+           "rows": len(rows), "tokens": sum(lengths), "wall_s": round(wall, 3),
+           "rows_per_s": round(len(rows) / wall, 2), "tokens_per_s": round(sum(lengths) / wall, 1),
+           "shard_rows": result.rows}
+    del model, loaded, scorer
+    release(device)
+    print_table(f"replay: the decider labels the corpus ({args.shape}, {device}, {fig['dtype']})", [
+        ("rows / rendered tokens", f"{fig['rows']} / {fig['tokens']}"),
+        ("wall s", fig["wall_s"]), ("rows/s, tokens/s", f"{fig['rows_per_s']}, {fig['tokens_per_s']}")])
+    return fig
+
+
 def bench_ddp(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
     from hobson.decider.config import load_train_config
 
@@ -701,7 +746,7 @@ def ddp_worker(spec_path: str) -> int:
 # --- main ---------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["label", "train", "ddp", "all", "ddp-worker"],
+    p.add_argument("command", choices=["label", "train", "replay", "ddp", "all", "ddp-worker"],
                    help="what to measure (all: label, train, ddp in turn; ddp-worker: one torchrun rank, internal)")
     p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when available")
     p.add_argument("--shape", choices=["official", "tiny"], default="official",
@@ -758,7 +803,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_parts(args: argparse.Namespace, argv: list[str] | None) -> int:
-    parts = ["label", "train", "ddp"] if args.command == "all" else [args.command]
+    parts = ["label", "train", "replay", "ddp"] if args.command == "all" else [args.command]
     result: dict[str, Any] = {"environment": common.environment(args.device), "command": args.command,
                               "argv": sys.argv[1:] if argv is None else list(argv)}
     with contextlib.ExitStack() as stack:
@@ -766,7 +811,7 @@ def run_parts(args: argparse.Namespace, argv: list[str] | None) -> int:
             tempfile.TemporaryDirectory(prefix="recipe_gpu.")))
         root.mkdir(parents=True, exist_ok=True)
         ws = Workspace(root, args.shape, args.vocab, args.rows)
-        bench = {"label": bench_label, "train": bench_train, "ddp": bench_ddp}
+        bench = {"label": bench_label, "train": bench_train, "replay": bench_replay, "ddp": bench_ddp}
         walls: dict[str, Any] = {}
         failed = []
         for part in parts:

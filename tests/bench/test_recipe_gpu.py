@@ -57,16 +57,17 @@ def test_official_shapes_are_the_published_models(rg):
 
 @pytest.mark.slow
 def test_all_parts_tiny_on_cpu(rg, tmp_path, capsys):
-    """Slow (~20 s on 2 cores): every part of the bench (labelling, training, DDP as one process
-    and as two local ranks) runs for real on the tiny shape."""
+    """Slow (~20 s on 2 cores): every part of the bench (labelling, training, the decider's replay
+    labelling, DDP as one process and as two local ranks) runs for real on the tiny shape, and the
+    8-GPU projection reads its JSON."""
     out = tmp_path / "all.json"
     threads = torch.get_num_threads()
     rc = rg.main(["all", "--device", "cpu", "--shape", "tiny", "--json", str(out), "--workdir", str(tmp_path / "work")])
     assert torch.get_num_threads() == threads
     fig = json.loads(out.read_text())
-    assert rc == 0, {part: fig[part].get("error") for part in ("label", "train", "ddp") if part in fig}
+    assert rc == 0, {part: fig[part].get("error") for part in ("label", "train", "replay", "ddp") if part in fig}
     printed = capsys.readouterr().out
-    for title in ("### label:", "### train:", "### ddp:", "### wall seconds per part"):
+    for title in ("### label:", "### train:", "### replay:", "### ddp:", "### wall seconds per part"):
         assert title in printed
 
     label = fig["label"]
@@ -90,6 +91,14 @@ def test_all_parts_tiny_on_cpu(rg, tmp_path, capsys):
     assert train["torso"]["config"]["gated_deltanet_layers"] == 3
     f = train["flops_per_token"]
     assert f["model"] == pytest.approx(f["forward"] + f["backward"] + f["frozen_forward"], rel=1e-6)
+
+    replay = fig["replay"]  # the decider labels the same rows the teacher did, as jobs.replay does
+    assert replay["rows"] == replay["shard_rows"] == 48 and replay["rows_per_s"] > 0 and replay["tokens"] > 48
+
+    import projection  # bench/projection.py reads this JSON as it would a GPU run's
+
+    assert projection.main([str(out), "--scales", "1", "--json", str(tmp_path / "proj.json")]) == 0
+    assert json.loads((tmp_path / "proj.json").read_text())["results"][0]["rows"] == 48
 
     ddp = fig["ddp"]
     assert [r["rank"] for r in ddp["ranks"]] == [0, 1] and all(r["rc"] == 0 for r in ddp["ranks"])

@@ -108,6 +108,7 @@ def test_request_without_the_secret_is_refused_and_changes_nothing(
     assert "secret" not in json.loads(addr.read_text())  # the address file names the secret, never holds it
     before = request(address, {"op": "ping"}, 10)
     assert before["configured"] is False and before["version"] is None
+    assert before["gpu_uuid"] is None  # a CPU server: nothing NCCL could confuse
     bare = {k: v for k, v in address.items() if k != "secret"}
     payloads = [
         {"op": "ping"},

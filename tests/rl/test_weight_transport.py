@@ -17,13 +17,14 @@ import pytest
 import torch
 
 from hobson import faults
+from hobson.errors import ConfigError
 from hobson.io import read_jsonl
 from hobson.jobs.rl import main
 from hobson.models import get_provider
 from hobson.models.registry import tiny_config
 from hobson.rl.verify_resume import compare_runs
 from hobson.rollout import publication
-from hobson.rollout.transport import _pack, _unpack, bucket_layout, tensor_meta
+from hobson.rollout.transport import _pack, _unpack, bucket_layout, check_own_gpus, tensor_meta
 from tests.rl.servers import REPO, server_env, start_server, stop_server
 
 ARGS = [
@@ -175,3 +176,20 @@ def test_a_server_that_dies_mid_broadcast_fails_the_run_naming_it(tmp_path: Path
     assert f"server pid {proc.pid}" in out and "rollout component" in out, out
     assert "weight broadcast of version 1 failed" in out, out
     assert elapsed < 30  # within the group's (publish) timeout: the closed connection is seen at once
+
+
+def test_dist_over_nccl_refuses_a_server_on_a_gpu_already_in_the_group() -> None:
+    """NCCL puts one rank on one GPU: a rollout server on the trainer's GPU, or two servers on one
+    GPU, is refused by name before the group forms; CPU servers (gloo) and distinct GPUs pass."""
+    a = [{"host": "n1", "port": 5000 + i, "pid": 100 + i, "node": "n1"} for i in range(3)]
+    trainer = ("n1", "GPU-0")
+    check_own_gpus(trainer, [(a[0], {"node": "n1", "gpu_uuid": "GPU-1"}), (a[1], {"node": "n2", "gpu_uuid": "GPU-0"})])
+    check_own_gpus(("n1", None), [(a[0], {"node": "n1", "gpu_uuid": None}), (a[1], {"node": "n1", "gpu_uuid": None})])
+    with pytest.raises(ConfigError, match=r"rollout server 1 \(.*5001.*\) is on the same GPU as the trainer "
+                                          r"\(weight group rank 0\) \(GPU-0 on n1\).*--transport shared-dir"):
+        check_own_gpus(trainer, [(a[0], {"node": "n1", "gpu_uuid": "GPU-1"}),
+                                 (a[1], {"node": "n1", "gpu_uuid": "GPU-0"})])
+    with pytest.raises(ConfigError, match=r"rollout server 2 .* same GPU as rollout server 0 \(GPU-7 on n2\)"):
+        check_own_gpus(trainer, [(a[0], {"node": "n2", "gpu_uuid": "GPU-7"}),
+                                 (a[1], {"node": "n1", "gpu_uuid": "GPU-1"}),
+                                 (a[2], {"node": "n2", "gpu_uuid": "GPU-7"})])

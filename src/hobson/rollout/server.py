@@ -47,7 +47,9 @@ from hobson.rollout import publication
 from hobson.rollout.transport import (
     AuthError,
     default_secret_file,
+    gpu_uuid,
     make_secret,
+    node_name,
     secret_matches,
     transport_class,
     weight_group,
@@ -55,12 +57,6 @@ from hobson.rollout.transport import (
 from hobson.threads import set_threads
 
 READ_TIMEOUT_S = 60.0
-
-
-def node_name() -> str:
-    """``$SLURMD_NODENAME`` inside a Slurm step (every node of the local cluster shares one
-    hostname), else the host name."""
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def identity(device: str) -> dict[str, Any]:
@@ -104,6 +100,7 @@ class RolloutService:
                 "torch": torch.__version__,
                 "torch_threads": torch.get_num_threads(),
                 "identity": identity(self.device),
+                "gpu_uuid": gpu_uuid(self.device),  # not identity: servers differ in it by design
             }
         if op == "configure":
             return self._configure(msg)

@@ -75,6 +75,42 @@ class AuthError(HobsonError):
 SECRET_BYTES = 32
 
 
+def node_name() -> str:
+    """``$SLURMD_NODENAME`` inside a Slurm step (every node of the local cluster shares one
+    hostname), else the host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def gpu_uuid(device: Any) -> str | None:
+    """The UUID of ``device``'s GPU (what NCCL tells GPUs apart by), ``None`` for a CPU."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return str(torch.cuda.get_device_properties(dev).uuid)
+
+
+def check_own_gpus(trainer: tuple[str, str | None], pings: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
+    """NCCL puts one rank on one GPU: refuse a weight group in which a rollout server shares a GPU
+    with the trainer or with another server, before the group is formed (NCCL would fail or hang
+    there with a message that names neither). ``trainer``: its (node, GPU UUID); ``pings``: each
+    server's (address, ping answer)."""
+    node, uuid = trainer
+    seen = {(node, uuid): "the trainer (weight group rank 0)"} if uuid else {}
+    for i, (address, ping) in enumerate(pings):
+        key = (ping.get("node"), ping.get("gpu_uuid"))
+        if key[1] is None:
+            continue
+        if key in seen:
+            raise ConfigError(
+                f"--transport dist: rollout server {i} ({describe(address)}) is on the same GPU as {seen[key]} "
+                f"({key[1]} on {key[0]}); NCCL needs one GPU per rank: give each rollout server a GPU of its own, "
+                "use --transport shared-dir, or --colocated (the engine in the trainer's process, handed over on "
+                "the GPU)")
+        seen[key] = f"rollout server {i}"
+
+
 def default_secret_file(address_file: str | os.PathLike) -> Path:
     """The secret's place beside an address file: ``address-77.json`` -> ``address-77.secret``."""
     return Path(address_file).with_suffix(".secret")
@@ -406,6 +442,7 @@ class DistTransport:
         self.backend = backend
         self.group: Any = None
         self._store: Any = None
+        self.device: Any = "cpu"  # where rank 0's tensors are (its GPU joins the NCCL group)
 
     def _join(self, addresses: list[dict[str, Any]], backend: str, timeout: float) -> None:
         """Form the group: this process rank 0 (and its store), server i rank i + 1."""
@@ -414,6 +451,9 @@ class DistTransport:
         import torch.distributed as dist
 
         world = len(addresses) + 1
+        if backend == "nccl":
+            check_own_gpus((node_name(), gpu_uuid(self.device)),
+                           [(a, request(a, {"op": "ping"}, timeout)) for a in addresses])
         host = _local_ip_towards(addresses[0]["host"], int(addresses[0]["port"]))
         self._store = dist.TCPStore(host, 0, world, True, timeout=datetime.timedelta(seconds=timeout),
                                     wait_for_workers=False)
@@ -434,6 +474,7 @@ class DistTransport:
         device = next(iter(tensors.values())).device if tensors else "cpu"
         backend = self.backend or ("nccl" if getattr(device, "type", "cpu") == "cuda" else "gloo")
         if self.group is None:
+            self.device = device
             self._join(addresses, backend, timeout)
         meta = tensor_meta(tensors)
         buckets = bucket_layout(meta, self.bucket_bytes)

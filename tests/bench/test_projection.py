@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -13,10 +12,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def proj():
-    spec = importlib.util.spec_from_file_location("projection", REPO / "bench" / "projection.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    import projection  # bench/ is on pytest's pythonpath, as it is sys.path[0] for the scripts
+
+    return projection
 
 
 def _measured(tmp_path: Path) -> Path:

@@ -137,7 +137,17 @@ def main() -> int:
     exported = provider.export_state(actor, dtype=dtype)[0]
     rows["part: version digest alone (on the tensors' device)"] = best(lambda: publication.tensors_digest(exported),
                                                                       args.repeat)
-    exported.clear()  # the copy's memory back before the copy limits below
+    staged = publication.stage(provider, actor, next(versions), model_revision="bench", engine_revision="bench",
+                               dtype=dtype)
+
+    def build() -> None:  # what load_staged does after the digest: the engine's model from the tensors
+        local.serve(provider.load("bench", dtype=dtype, device=dev, tensors=staged.tensors, config=staged.config),
+                    staged.manifest.version, staged.manifest.digest)
+        sync(dev)
+
+    rows["part: engine build from the tensors (load + serve)"] = best(build, args.repeat)
+    exported.clear()  # the copies' memory back before the copy limits below
+    staged.tensors.clear()
     state = [p.detach().to(dtype) for p in actor.state_dict().values()]
     rows["limit: in-memory copy of the bytes"] = best(lambda: synced(dev, [t.clone() for t in state]), args.repeat)
     if dev != "cpu":

@@ -21,6 +21,7 @@ def test_weight_sync_bench_tiny(tmp_path: Path) -> None:
     assert set(rows) == {"shared-dir, remote (write + server load)", "dist, remote (stage + broadcast + commit)",
                          "limit: gloo broadcast of the bytes, remote", "dist, in-process (stage + hand-off + commit)",
                          "part: stage alone (export + digest)", "part: version digest alone (on the tensors' device)",
+                         "part: engine build from the tensors (load + serve)",
                          "limit: in-memory copy of the bytes"}
     rec = json.loads(out.read_text())
     assert rec["bench"] == "weight_sync" and set(rec["weight_sync_s"]) == set(rows) and rec["bytes"] > 0

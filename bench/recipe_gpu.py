@@ -44,6 +44,11 @@ passes a probe, which fla 0.6 + triton 3.6 fails on Hopper, else transformers' t
 which ran and how often; ``on_step`` hands over each step's rows, real and padded tokens and
 synchronised seconds (timed wall = the sum of the timed steps' seconds).
 
+Beside it, in the same run (unless ``--no-baseline``), what a user would write instead:
+:func:`train_baseline`, plain transformers + peft LoRA + a linear readout and AdamW on the very
+micro-batches the recipe trained (the same rows, padding and real tokens), reported with its own
+MFU (F + B: it has no frozen forward) and hobson's ratios to it.
+
 MFU, per real token (padding is work wasted, so it lowers MFU). N = the torso's matmul weights
 (every nn.Linear of the decoder layers; embeddings are a lookup and the decider has no LM head),
 N_L = the LoRA matmul weights (A and B), and the weight-free cores:
@@ -439,6 +444,63 @@ def stdout_to_stderr() -> Iterator[None]:
         yield
 
 
+def train_baseline(cfg: Any, rows: list[dict], collator: Any, plan: list[list[list[int]]], warmup: int,
+                   device: str) -> dict[str, Any]:
+    """What a user would write instead, on the same rows in the same micro-batches: the same torso
+    (transformers, the same seeded random init, dtype, attention and checkpointing), peft LoRA on
+    the same projections, a linear readout of the answer token's hidden state, AdamW, a plain
+    loop. No teacher or frozen-torso KL (so no frozen forward) and no pointer head: its model FLOPs
+    per token are F + B of the module docstring. The Gated DeltaNet rule is the recipe's choice
+    (``select_gated_delta_rule``), so both rows run the same kernel."""
+    from peft import LoraConfig, get_peft_model
+
+    from hobson.decider.kernels import select_gated_delta_rule
+    from hobson.decider.model import load_torso
+
+    dev = init_device(device)
+    dtype = torch.bfloat16 if cfg.bf16 else torch.float32
+    torso, _, _ = load_torso(cfg.base_model, dtype=dtype, attn_implementation=cfg.attn_implementation,
+                             keep_lm_head=False, init="random", seed=cfg.seed, device=dev)
+    for p in torso.parameters():
+        p.requires_grad_(False)
+    if cfg.gradient_checkpointing:
+        torso.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    torch.manual_seed(cfg.seed)
+    model = get_peft_model(torso, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
+                                             target_modules=list(cfg.lora_targets), bias="none"))
+    head = torch.nn.Linear(torso.config.hidden_size, 1, device=dev, dtype=torch.float32)
+    params = [p for p in model.parameters() if p.requires_grad] + list(head.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg.lr)
+    model.train()
+    seconds: list[float] = []
+    tokens = rows_done = 0
+    with select_gated_delta_rule(torso, cfg.gated_delta_rule, dev):
+        for s, micro in enumerate(plan):
+            sync(device)
+            t0 = time.perf_counter()
+            n_tok = 0
+            for mb in micro:
+                batch = collator.collate([(i, rows[i]) for i in mb]).to(dev)
+                hidden = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+                r = torch.arange(hidden.shape[0], device=hidden.device)
+                score = head(hidden[r, batch.answer_pos].float()).squeeze(-1)
+                loss = torch.nn.functional.mse_loss(score, batch.label.float()) / len(micro)
+                loss.backward()
+                n_tok += int(batch.attention_mask.sum())
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            sync(device)
+            if s >= warmup:
+                seconds.append(time.perf_counter() - t0)
+                tokens += n_tok
+                rows_done += sum(len(mb) for mb in micro)
+    del model, torso, head, opt
+    release(device)
+    wall = sum(seconds)
+    return {"steps": len(seconds), "wall_s": round(wall, 3), "rows": rows_done, "tokens": tokens,
+            "rows_per_s": round(rows_done / wall, 2), "tokens_per_s": round(tokens / wall, 1)}
+
+
 def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
     from hobson.decider.config import load_train_config
     from hobson.decider.train import DeciderTrainRecipe
@@ -534,8 +596,31 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
         from torch._dynamo.utils import counters
 
         fig["gated_deltanet"]["dynamo_unique_graphs"] = int(counters["stats"].get("unique_graphs", 0))
+    # the baseline's inputs: the very micro-batches the recipe trained, rendered by its collator
+    from hobson.decider.collate import Collator
+
+    # a fresh collator with the recipe's seed renders them again draw for draw (its option orders
+    # come from one seeded stream, consumed in the recipe's micro-batch order)
+    collator = Collator(recipe.tokenizer, max_length=cfg.max_length, force_bos=cfg.force_bos, seed=cfg.seed)
+    plan, train_rows, torso_config = recipe.sampler.plan(0)[: warmup + steps], recipe.rows, torso.config
     del recipe, torso
     release(device)
+    baseline_rows: list[tuple[str, Any]] = []
+    if not args.no_baseline:
+        log("train: plain transformers + peft LoRA on the same micro-batches (the baseline)")
+        with stdout_to_stderr(), threads(None):
+            base = train_baseline(cfg, train_rows, collator, plan, warmup, device)
+        bf = flops_per_token(torso_config, n_mm, n_lora, mean_context=mean_context, frozen_forward=False,
+                             recompute=cfg.gradient_checkpointing)
+        base["flops_per_token"] = round(bf["model"], 1)
+        base["mfu"] = round(bf["model"] * base["tokens_per_s"] / peak_flops, 4)
+        fig["baseline"] = base
+        fig["ratio_tokens_per_s"] = round(tps / base["tokens_per_s"], 3)
+        fig["ratio_mfu"] = round(fig["mfu"] / base["mfu"], 3) if base["mfu"] else None
+        baseline_rows = [
+            ("baseline: transformers + peft, same micro-batches: real tokens/s / MFU (F+B)",
+             f"{base['tokens_per_s']} / {base['mfu']:.2%}"),
+            ("hobson / baseline: tokens/s, MFU", f"{fig['ratio_tokens_per_s']}x, {fig['ratio_mfu']}x")]
     print_table(f"train: Qwen3.5-2B-shaped torso ({args.shape}, {device}, {fig['dtype']})", [
         ("torso parameters / matmul (non-embedding) / trainable",
          f"{count(n_base)} / {count(n_mm)} / {count(n_trainable)}"),
@@ -552,13 +637,14 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
         (f"dense {peak['dtype']} matmul peak TFLOP/s", peak["tflops"]),
         ("MFU (F+B+K) / MFU (6N) / HFU", f"{fig['mfu']:.2%} / {fig['mfu_6n']:.2%} / {fig['hfu']:.2%}"),
         ("peak memory allocated GiB", fig.get("peak_alloc_gib", "n/a (CPU)")),
+        *baseline_rows,
     ])
     if "profile" in fig:
         common.print_summary(f"train, {args.profile} steps after the timed ones", fig["profile"])
     return fig
 
 
-# --- ddp ----------------------------------------------------------------------------------------------
+# --- replay -------------------------------------------------------------------------------------------
 def bench_replay(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
     """The replay stage's work on one device: the decider (the torso as ``train`` builds it, a
     fresh adapter and head) labels the corpus through ``label_rows`` + ``DeciderScorer``, exactly
@@ -602,6 +688,7 @@ def bench_replay(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
     return fig
 
 
+# --- ddp ----------------------------------------------------------------------------------------------
 def bench_ddp(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
     from hobson.decider.config import load_train_config
 
@@ -768,6 +855,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override, repeatable (e.g. --set gradient_checkpointing=true)")
     g.add_argument("--steps", type=int, default=None, help="timed optimizer steps (official 20)")
+    g.add_argument("--no-baseline", action="store_true",
+                   help="train: skip the plain transformers + peft loop on the same micro-batches")
     g.add_argument("--warmup", type=int, default=None, help="untimed optimizer steps first (official 3)")
     g.add_argument("--peak-size", type=int, default=None, help="matmul size of the peak measurement (official 8192)")
     g.add_argument("--profile", type=int, default=0, metavar="N",

@@ -91,6 +91,10 @@ def test_all_parts_tiny_on_cpu(rg, tmp_path, capsys):
     assert train["torso"]["config"]["gated_deltanet_layers"] == 3
     f = train["flops_per_token"]
     assert f["model"] == pytest.approx(f["forward"] + f["backward"] + f["frozen_forward"], rel=1e-6)
+    base = train["baseline"]  # transformers + peft on the very micro-batches the recipe trained
+    assert (base["steps"], base["rows"], base["tokens"]) == (train["steps"], train["rows"], train["tokens"])
+    assert base["flops_per_token"] == pytest.approx(f["forward"] + f["backward"], rel=1e-6)  # no frozen forward
+    assert train["ratio_tokens_per_s"] == pytest.approx(train["tokens_per_s"] / base["tokens_per_s"], rel=2e-3)
 
     replay = fig["replay"]  # the decider labels the same rows the teacher did, as jobs.replay does
     assert replay["rows"] == replay["shard_rows"] == 48 and replay["rows_per_s"] > 0 and replay["tokens"] > 48

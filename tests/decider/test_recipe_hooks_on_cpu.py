@@ -289,3 +289,20 @@ def test_compile_layers_leaves_the_chunked_rule_to_its_setting(qwen35_dir):
     assert choice.calls == LINEAR_LAYERS  # each layer's call ran, and outside the graph
     assert counters["frames"]["ok"] >= 1 and sum(counters["graph_break"].values()) >= 1
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
+def test_compile_layers_raises_the_graph_limit_to_cover_every_layer(monkeypatch):
+    """Each transformers layer compiles to graphs of its own, so the limit must cover layers x
+    variants: 30 layers ask for 240, never less than dynamo had."""
+    import torch._dynamo
+
+    from hobson.decider import compiling
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    layers = [torch.nn.Linear(2, 2) for _ in range(30)]
+    monkeypatch.setattr(compiling, "decoder_layers", lambda model: layers)
+    assert compiling.compile_decoder_layers(torch.nn.Sequential(*layers), backend="eager") == 30
+    assert torch._dynamo.config.recompile_limit == 240
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1000)
+    compiling.compile_decoder_layers(torch.nn.Sequential(*layers), backend="eager")
+    assert torch._dynamo.config.recompile_limit == 1000

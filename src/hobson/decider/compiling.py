@@ -10,10 +10,11 @@ so parameter names, the state dict, LoRA's adapter state and gradient checkpoint
 as without it; only the layer's call goes through dynamo. Shapes are compiled as dynamic from the
 start (``dynamic=True``), so which kernels run for a given length does not depend on which
 lengths came first: a resumed run, or another DDP rank, sees its lengths in another order and
-must still compute the same numbers as the uninterrupted single process. Every layer of one class
-shares its graphs (dynamo inlines the module and treats its weights as inputs), and the limits
-allow the few graphs per class that grad mode (training vs the frozen-KL forward) and the
-adapter's on/off branch need.
+must still compute the same numbers as the uninterrupted single process. Each layer gets graphs
+of its own (a transformers layer specializes on its own index: 8 layers gave 8 graphs on CPU), so
+a 24-layer torso compiles 24 times per variant (grad mode: training vs the frozen-KL forward; the
+adapter on or off); the graph limits are raised to cover every layer's variants, or dynamo would
+silently run the layers past the limit uncompiled.
 
 A Gated DeltaNet layer's chunked rule stays outside the graphs (the recipe opens
 ``select_gated_delta_rule`` with ``opaque=True``): it runs as ``gated_delta_rule`` says, fla's
@@ -31,6 +32,7 @@ import torch
 from hobson.errors import ConfigError
 
 RECOMPILE_LIMIT = 64  # graphs per code object: grad mode x adapter on/off x chunk counts
+VARIANTS_PER_LAYER = 8  # grad mode x adapter on/off, with room for a length-class guard
 
 
 def allow_recompiles(limit: int = RECOMPILE_LIMIT) -> None:
@@ -54,7 +56,7 @@ def compile_decoder_layers(model: torch.nn.Module, *, backend: str = "inductor")
     if not layers:
         raise ConfigError(f"compile_layers: true, but the torso ({type(model).__name__}) has no decoder layers "
                           "transformers marks as such; set compile_layers: false")
-    allow_recompiles()
+    allow_recompiles(max(RECOMPILE_LIMIT, VARIANTS_PER_LAYER * len(layers)))
     for layer in layers:
         layer.compile(backend=backend, dynamic=True)
     return len(layers)

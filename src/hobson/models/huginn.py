@@ -522,10 +522,19 @@ class HuginnRaven(nn.Module):
             cache.check_meta(num_steps=num_steps_no_grad + num_steps_with_grad)
         device = input_ids.device
         positions, mask, key_mask = prepare_attention(cache, attention_mask, B, T, device, position_ids)
+        # The host's copy of the positions, for the block_size check and the latent draws. Without
+        # position_ids they are known on the host, so a training forward never waits on the GPU;
         # a static cache bounds positions by its capacity (checked when it was made), and the
-        # check would be a host sync inside every decode step
-        if T and not isinstance(cache, StaticKVCache) and int(positions.max()) >= cfg.block_size:
-            raise ValueError(f"position {int(positions.max())} is beyond block_size {cfg.block_size}")
+        # check would be a host sync inside every decode step.
+        host_positions = None
+        if T and not isinstance(cache, StaticKVCache):
+            if position_ids is None:
+                past = cache.length if cache is not None else 0
+                host_positions = torch.arange(past, past + T).expand(B, T)
+            else:
+                host_positions = position_ids.cpu()
+            if int(host_positions.max()) >= cfg.block_size:
+                raise ValueError(f"position {int(host_positions.max())} is beyond block_size {cfg.block_size}")
         freqs = self.freqs_cis[0][positions]  # (B, T, 1, D/2, 2), fp32
 
         x = self.transformer.wte(input_ids) * cfg.emb_scale
@@ -533,7 +542,7 @@ class HuginnRaven(nn.Module):
             x = self._block(block, x, freqs, mask, cache, ("prelude", i))
         e = x
         if latent_state is None:
-            latent_state = initial_state(seeds, positions, cfg.n_embd)
+            latent_state = initial_state(seeds, positions if host_positions is None else host_positions, cfg.n_embd)
         state = latent_state.to(device=device, dtype=e.dtype)
         with torch.no_grad():
             for step in range(num_steps_no_grad):

@@ -103,16 +103,29 @@ class Batch:
     returns: Tensor = field(default_factory=lambda: torch.zeros(0))
     old_values: Tensor = field(default_factory=lambda: torch.zeros(0))
 
-    def rows(self, idx: Tensor) -> Batch:
-        pick = lambda t: t[idx] if t.numel() else t
+    def to(self, device: torch.device) -> Batch:
+        """The same batch with its tensors on ``device`` (itself when they are there already)."""
+        if self.ids.device == device:
+            return self
+        move = lambda t: t.to(device, non_blocking=True)
         return Batch(
-            ids=self.ids[idx],
-            actions=self.actions[idx],
-            mask=self.mask[idx],
-            span=self.span[idx],
-            behav=self.behav[idx],
-            rewards=self.rewards[idx],
-            group_ids=self.group_ids[idx],
+            ids=move(self.ids), actions=move(self.actions), mask=move(self.mask), span=move(self.span),
+            behav=move(self.behav), rewards=move(self.rewards), group_ids=move(self.group_ids), seeds=self.seeds,
+            advantages=move(self.advantages), returns=move(self.returns), old_values=move(self.old_values),
+        )
+
+    def rows(self, idx: Tensor) -> Batch:
+        """The rows ``idx`` (a host tensor, whatever device the batch is on)."""
+        at = idx.to(self.ids.device)
+        pick = lambda t: t[at] if t.numel() else t
+        return Batch(
+            ids=self.ids[at],
+            actions=self.actions[at],
+            mask=self.mask[at],
+            span=self.span[at],
+            behav=self.behav[at],
+            rewards=self.rewards[at],
+            group_ids=self.group_ids[at],
             seeds=[self.seeds[i] for i in idx.tolist()],
             advantages=pick(self.advantages),
             returns=pick(self.returns),
@@ -263,10 +276,17 @@ def apply_env_vars(pairs: list[str]) -> None:
 # One update's training step
 
 
+def _device(trainer: ModelTrainer) -> torch.device:
+    return next(trainer.module.parameters()).device
+
+
 def _fwd(trainer: ModelTrainer, batch: Batch, with_grad: int) -> Tensor:
-    return trainer(
-        batch.ids.to(next(trainer.module.parameters()).device), **forward_kwargs(trainer.module, batch.seeds, with_grad)
-    )[:, :-1].cpu()
+    """Logits (or values) ``(B, L-1)`` on the trainer's device: the objectives run where the logits are.
+
+    On a GPU, sending the ``(B, L-1, V)`` fp32 logits to the host and running log-softmax there
+    (and the gradient back) cost more than the forward itself for Huginn's 65,536 tokens.
+    """
+    return trainer(batch.ids.to(_device(trainer)), **forward_kwargs(trainer.module, batch.seeds, with_grad))[:, :-1]
 
 
 def _now() -> float:
@@ -301,12 +321,15 @@ def train_on_rollout(
     temp = cfg.temperature or 1.0
     actor.train()
     t0 = _now()
+    dev = _device(actor)
+    on_dev = batch.to(dev)
     with torch.no_grad():
-        logits = _fwd(actor, batch, 0)
-        trainer_lp = token_logprobs(logits, batch.actions, temp)
-        frozen = alg.freeze(logits, batch, temp)
-        ent = aggregate(entropy(tempered_logprobs(logits, temp)), batch.mask, cfg.loss_aggregation)
-        batch.old_values = _fwd(critic, batch, 0) if critic is not None else torch.zeros(0)
+        logits = _fwd(actor, on_dev, 0)
+        trainer_lp = token_logprobs(logits, on_dev.actions, temp)
+        frozen = alg.freeze(logits, on_dev, temp)
+        ent = aggregate(entropy(tempered_logprobs(logits, temp)), on_dev.mask, cfg.loss_aggregation)
+        # the advantage estimators run on the host, as the rollout's rewards are there
+        batch.old_values = _fwd(critic, batch, 0).cpu() if critic is not None else torch.zeros(0)
         del logits
     estimator = get_advantage(alg.advantage)
     batch.advantages, batch.returns = estimator(
@@ -321,15 +344,16 @@ def train_on_rollout(
     t_recompute = _now() - t0
     out: dict[str, Any] = {
         "entropy": float(ent),
-        "logprob_diff_max": float((trainer_lp - batch.behav).abs()[valid].max()) if valid.any() else 0.0,
+        "logprob_diff_max": float((trainer_lp.cpu() - batch.behav).abs()[valid].max()) if valid.any() else 0.0,
         "adv_abs_mean": float(aggregate(batch.advantages.abs(), batch.mask, cfg.loss_aggregation)),
         "steps": [],
     }
     objective = get_objective(alg.objective)
     B = batch.ids.shape[0]
+    on_dev = batch.to(dev)  # now with advantages, returns and old values
     for idx in torch.arange(B).chunk(alg.minibatches):
-        mb = batch.rows(idx)
-        fz = {k: v[idx] for k, v in frozen.items()}
+        mb = on_dev.rows(idx)
+        fz = {k: v[idx.to(v.device)] for k, v in frozen.items()}
         logits = _fwd(actor, mb, backprop)
         loss, m = objective(**alg.inputs(logits, fz, mb, temp), **alg.params(cfg), aggregation=cfg.loss_aggregation)
         actor.backward(loss)

@@ -263,15 +263,29 @@ def profile_rollout(e: NativeEngine, model, plist, ids, seeds, N: int, T: float,
     return out
 
 
-def huginn_fwd_bwd(model, dev: str, B: int, T: int) -> dict:
+def huginn_fwd_bwd(model, dev: str, B: int, T: int, latents: str = "pool") -> dict:
+    """Seconds and tokens/s of one training forward+backward (24 no-grad + 8 grad recurrences).
+
+    ``latents``: ``pool`` draws the initial states inside the forward as training does (on the
+    byte pool's threads), ``serial`` draws them one vector after another (before b0e1922), and
+    ``given`` passes states drawn beforehand (the model's own speed, no draws on the path).
+    """
+    from hobson.models import huginn
+
     model.train()
     ids = torch.randint(1, model.config.vocab_size, (B, T), device=dev)
     seeds = list(range(B))
     steps = min(8, model.config.mean_recurrence)
+    given = None
+    if latents == "given":
+        given = huginn.initial_state(seeds, torch.arange(T).expand(B, T), model.config.n_embd).to(dev)
+    saved = huginn.PARALLEL_DRAWS
+    if latents == "serial":
+        huginn.PARALLEL_DRAWS = 1 << 62
 
     def once() -> None:
         logits = model(ids, num_steps_no_grad=model.config.mean_recurrence - steps, num_steps_with_grad=steps,
-                       seed=seeds)
+                       seed=seeds, latent_state=given)
         logits.float().logsumexp(-1).mean().backward()
         model.zero_grad(set_to_none=True)
 
@@ -282,9 +296,29 @@ def huginn_fwd_bwd(model, dev: str, B: int, T: int) -> dict:
         once()
     sync(dev)
     secs = (time.perf_counter() - t0) / 3
+    huginn.PARALLEL_DRAWS = saved
     model.eval()
     return {"seconds": secs, "tokens_per_s": B * T / secs, "no_grad_steps": model.config.mean_recurrence - steps,
-            "grad_steps": steps}
+            "grad_steps": steps, "latents": latents}
+
+
+def part_fwd_bwd(args, res: dict) -> None:
+    """Huginn's training forward+backward alone, three ways of drawing the latents, against the reference."""
+    if args.kind != "huginn_raven":
+        raise SystemExit("--parts fwd-bwd is Huginn's (the reference figure is Huginn's)")
+    dev = args.engine_device
+    model = random_model(args.kind, config_for(args.kind, args.size), getattr(torch, args.rollout_dtype), dev)
+    ref = REFERENCE_HUGINN["fwd_bwd_tok_s"]
+    rows = {how: huginn_fwd_bwd(model, dev, args.batch, 176, how) for how in ("pool", "serial", "given")}
+    print(f"\n### Huginn forward+backward, {args.rollout_dtype}, {args.batch} x 176 tokens, "
+          f"24 no-grad + 8 grad recurrences (reference {ref} tok/s)\n")
+    print("| latents | s per fwd+bwd | tokens/s | vs reference |\n| --- | ---: | ---: | ---: |")
+    for how, r in rows.items():
+        r["vs_reference"] = r["tokens_per_s"] / ref
+        print(f"| {how} | {r['seconds']:.3f} | {r['tokens_per_s']:.0f} | {r['vs_reference']:.2f}x |")
+    res["fwd_bwd"] = {"reference_tok_s": ref, "rows": rows, "tokens_per_s": rows["pool"]["tokens_per_s"]}
+    model = None
+    release(dev)
 
 
 # ------------------------------------------------------------------------------------ publish
@@ -528,7 +562,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kind", required=True, choices=sorted(OFFICIAL))
     p.add_argument("--size", default="official", choices=["official", "tiny"])
-    p.add_argument("--parts", default="rollout,publish,e2e")
+    p.add_argument("--parts", default="rollout,publish,e2e", help="any of rollout, publish, e2e, fwd-bwd")
     p.add_argument("--work", default="/tmp/hobson-rl-bench")
     p.add_argument("--json")
     cuda = torch.cuda.is_available()
@@ -580,6 +614,10 @@ def main() -> None:
                 part_publish(args, res, model_dir)
             elif part == "e2e":
                 part_e2e(args, res, model_dir, t_start)
+            elif part == "fwd-bwd":
+                part_fwd_bwd(args, res)
+            else:
+                raise SystemExit(f"unknown part {part!r}: rollout, publish, e2e or fwd-bwd")
         except Exception as e:  # keep the other parts' figures
             import traceback
 

@@ -134,7 +134,9 @@ def main() -> int:
     stage_only = best(lambda: publication.stage(provider, actor, next(versions), model_revision="bench",
                                                 engine_revision="bench", dtype=dtype), args.repeat)
     rows["part: stage alone (export + digest)"] = stage_only
-    exported = provider.export_state(actor, dtype=dtype)[0]
+    # what stage digests: the tensors where the actor is (device=None); the default export goes to
+    # the host for a file, and its digest there is the CPU path (the 1.79 s row of 2026-12-04)
+    exported = provider.export_state(actor, dtype=dtype, device=None)[0]
     rows["part: version digest alone (on the tensors' device)"] = best(lambda: publication.tensors_digest(exported),
                                                                       args.repeat)
     staged = publication.stage(provider, actor, next(versions), model_revision="bench", engine_revision="bench",

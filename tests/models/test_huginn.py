@@ -212,19 +212,15 @@ def test_fp16_forward_backward_on_cpu():
         assert (m(_ids(2, 5), seed=[0, 1]) - ref).abs().max() < 0.1
 
 
-def test_initial_state_drawn_on_threads_is_the_vectors_one_by_one():
-    """Past PARALLEL_DRAWS distinct vectors the draws go to the byte pool's threads; every
-    (seed, position) still has its own generator, so the state is bit for bit the vectors drawn
-    one after another, repeated positions (left padding at 0) included."""
-    import hobson.models.huginn as h
-
+def test_initial_state_is_the_vectors_one_by_one():
+    """Each distinct (seed, position) is drawn once and gathered; the state is bit for bit the
+    vectors drawn one after another, repeated positions (left padding at 0) included."""
     pos = torch.arange(40).repeat(3, 1)
     pos[1, :7] = 0
     seeds = [7, 8, 7]
-    assert 3 * 40 >= h.PARALLEL_DRAWS
     state = initial_state(seeds, pos, 24)
     want = torch.stack([torch.stack([latent_vector(s, int(p), 24) for p in row])
                         for s, row in zip(seeds, pos, strict=True)])
     assert torch.equal(state, want)
-    assert torch.equal(initial_state([7], pos[:1, :2], 24), want[:1, :2])  # the serial path, few vectors
+    assert torch.equal(initial_state([7], pos[:1, :2], 24), want[:1, :2])
     assert initial_state([1, 2], torch.zeros(2, 0, dtype=torch.long), 24).shape == (2, 0, 24)

@@ -305,29 +305,22 @@ def latent_like(batch: int, length: int, n_embd: int, generator: torch.Generator
     return v * math.sqrt(n_embd)
 
 
-PARALLEL_DRAWS = 64  # from this many distinct vectors on, draw them on the byte pool's threads
-
-
 def initial_state(seeds: Sequence[int], positions: Tensor, n_embd: int) -> Tensor:
     """``(B, T, E)`` fp32 CPU initial states: row ``b`` at position ``positions[b, t]`` from ``seeds[b]``.
 
     A row's state depends only on its own seed and positions, never on the other rows. Each
-    distinct (seed, position) vector is drawn once from its own generator, so drawing them on
-    several threads (a training forward of 16 x 176 tokens needs 2,816: ~0.3 s on one core, with
-    the GPU waiting) gives the same bits as drawing them one after another.
+    distinct (seed, position) vector is drawn once from its own generator (~150 µs each, nearly all
+    of it the generator's seeding and uniform draws); a forward that is given the states
+    (``latent_state``) draws none, which is how the RL update draws them once for all its forwards.
+    Drawing them on a pool of threads was slower on a 16-core GPU host (1.94 s against 1.53 s per
+    16 x 176 training forward, 2026-12-04): the per-vector work holds the GIL.
     """
     pos = positions.cpu().tolist()
     if len(seeds) != len(pos):
         raise ValueError(f"{len(seeds)} seeds for a batch of {len(pos)}")
     slot: dict[tuple[int, int], int] = {}
     index = [[slot.setdefault((int(s), int(p)), len(slot)) for p in row] for s, row in zip(seeds, pos, strict=True)]
-    keys = list(slot)
-    if len(keys) >= PARALLEL_DRAWS:
-        from hobson import bytepool
-
-        vectors = list(bytepool.pool().map(lambda k: latent_vector(k[0], k[1], n_embd), keys))
-    else:
-        vectors = [latent_vector(k[0], k[1], n_embd) for k in keys]
+    vectors = [latent_vector(s, p, n_embd) for s, p in slot]
     T = len(pos[0]) if pos else 0
     if not vectors:
         return torch.empty(len(pos), T, n_embd)

@@ -269,7 +269,7 @@ def huginn_fwd_bwd(model, dev: str, B: int, T: int, latents: str = "drawn") -> d
     ``latents``: ``drawn`` draws the initial states inside the forward (the host draws 16 x 176
     vectors while the GPU waits), ``given`` passes states drawn beforehand, as the RL update does
     (once per update for all its forwards), and ``given+fused`` also runs the norm and RoPE chains
-    as the engine's compiled kernels (``fused_kernels``; training does not turn them on).
+    as compiled kernels for any length, as the RL update now does on a GPU (``fused_kernels(dynamic=True)``).
     """
     import contextlib
 
@@ -283,7 +283,7 @@ def huginn_fwd_bwd(model, dev: str, B: int, T: int, latents: str = "drawn") -> d
     given = None
     if latents.startswith("given"):
         given = huginn.initial_state(seeds, torch.arange(T).expand(B, T), model.config.n_embd).to(dev)
-    ctx = fused_kernels() if latents.endswith("+fused") else contextlib.nullcontext()
+    ctx = fused_kernels(dynamic=True) if latents.endswith("+fused") else contextlib.nullcontext()
 
     def once() -> None:
         logits = model(ids, num_steps_no_grad=model.config.mean_recurrence - steps, num_steps_with_grad=steps,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import warnings
 
 import pytest
 import torch
@@ -224,3 +225,30 @@ def test_initial_state_is_the_vectors_one_by_one():
     assert torch.equal(state, want)
     assert torch.equal(initial_state([7], pos[:1, :2], 24), want[:1, :2])
     assert initial_state([1, 2], torch.zeros(2, 0, dtype=torch.long), 24).shape == (2, 0, 24)
+
+
+def test_training_forward_with_length_free_fused_chains_matches_eager():
+    """The RL update runs its GPU forwards inside ``fused_kernels(dynamic=True)``: the compiled norm,
+    RoPE and MLP chains serve every length without a recompile per length, and the loss and
+    gradients agree with the eager model (compiled code may round differently, never by much)."""
+    import torch._dynamo
+
+    from hobson.models.common import fused_kernels
+
+    cfg = tiny_config("huginn_raven")
+    m = get_provider(cfg).build_actor(cfg, seed=0)
+    m.train()
+    torch._dynamo.reset()
+    # a recompile per length would pass this limit, and then fail instead of running eagerly unseen
+    with torch._dynamo.config.patch(recompile_limit=2, fail_on_recompile_limit_hit=True), warnings.catch_warnings():
+        warnings.filterwarnings("error", message="torch.compile of")
+        for T in (5, 9, 13, 7):
+            ids = _ids(2, T, seed=T)
+            grads = []
+            for on in (False, True):
+                m.zero_grad(set_to_none=True)
+                with fused_kernels(on=on, dynamic=True):
+                    out = m(ids, num_steps_no_grad=2, num_steps_with_grad=2, seed=[0, 1])
+                out.logsumexp(-1).mean().backward()
+                grads.append(torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None]))
+            torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-5)

@@ -64,18 +64,22 @@ class Embedding(nn.Embedding):
 # the compiled chains off (a failed compile falls back to the eager kernels), HOBSON_SKINNY_GEMM=0
 # the GEMM.
 
-_FUSED = {"on": False}
+_FUSED: dict[str, bool] = {"on": False, "dynamic": False}
 
 
 class fused_kernels:  # noqa: N801 (a context manager used like a function)
-    def __init__(self, on: bool = True) -> None:
-        self.on, self.prev = on, False
+    """``dynamic``: compile for any length (training, where every update's length differs) rather
+    than per shape (decoding: a few batch sizes, captured in CUDA graphs)."""
+
+    def __init__(self, on: bool = True, dynamic: bool = False) -> None:
+        self.state, self.prev = {"on": on, "dynamic": dynamic}, dict(_FUSED)
 
     def __enter__(self) -> None:
-        self.prev, _FUSED["on"] = _FUSED["on"], self.on
+        self.prev = dict(_FUSED)
+        _FUSED.update(self.state)
 
     def __exit__(self, *exc: object) -> None:
-        _FUSED["on"] = self.prev
+        _FUSED.update(self.prev)
 
 
 _COMPILED: dict[Any, Any] = {}
@@ -87,15 +91,16 @@ def fused(fn: Any) -> Any:
     def call(*args: Any) -> Any:
         if not _FUSED["on"] or os.environ.get("HOBSON_FUSED_KERNELS", "1") == "0":
             return fn(*args)
-        if fn not in _COMPILED:
-            _COMPILED[fn] = torch.compile(fn, dynamic=False, fullgraph=True)
+        key = (fn, _FUSED["dynamic"])
+        if key not in _COMPILED:
+            _COMPILED[key] = torch.compile(fn, dynamic=_FUSED["dynamic"], fullgraph=True)
         try:
-            return _COMPILED[fn](*args)
+            return _COMPILED[key](*args)
         except Exception as e:  # no compiler toolchain on this host, say: the eager kernels are right too
-            if _COMPILED[fn] is fn:
+            if _COMPILED[key] is fn:
                 raise
             warnings.warn(f"torch.compile of {fn.__name__} failed ({e!r}); using eager kernels", stacklevel=2)
-            _COMPILED[fn] = fn
+            _COMPILED[key] = fn
             return fn(*args)
 
     call.__wrapped__ = fn  # type: ignore[attr-defined]

@@ -392,7 +392,8 @@ def rl_cmd(args, model_dir: Path, alg: str, out: Path, *extra: str) -> list[str]
         "--device", args.device,
         "--engine-device", args.engine_device, "--reward", args.reward, "--keep-checkpoints", "1",
         "--keep-publications", "1", *(["--recompute"] if args.size == "official" else []),
-        "--transport", args.transport, "--checkpoint-every", str(args.checkpoint_every), *extra,
+        "--transport", args.transport, "--checkpoint-every", str(args.checkpoint_every),
+        *(["--compiled-chains"] if args.compiled_chains else []), *extra,
     ]
 
 
@@ -579,6 +580,8 @@ def main() -> None:
     p.add_argument("--profile", action="store_true",
                    help="rollout: also profile one generate of each engine and print where the time goes")
     p.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    p.add_argument("--compiled-chains", action="store_true",
+                   help="e2e: train with --compiled-chains (the norm, RoPE and MLP chains compiled; CUDA)")
     p.add_argument("--checkpoint-every", type=int, default=1, help="e2e: checkpoint every K updates (default 1)")
     p.add_argument("--updates", type=int, default=3, help="e2e: updates in the full run (default 3)")
     p.add_argument("--transport", default="shared-dir", choices=["shared-dir", "dist"],

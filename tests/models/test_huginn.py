@@ -228,9 +228,10 @@ def test_initial_state_is_the_vectors_one_by_one():
 
 
 def test_training_forward_with_length_free_fused_chains_matches_eager():
-    """The RL update runs its GPU forwards inside ``fused_kernels(dynamic=True)``: the compiled norm,
-    RoPE and MLP chains serve every length without a recompile per length, and the loss and
-    gradients agree with the eager model (compiled code may round differently, never by much)."""
+    """Training forwards inside ``fused_kernels(dynamic=True)``: the compiled norm, RoPE and MLP
+    chains serve every length without a recompile per length, checkpointed blocks recompute with
+    the same kernels, and the gradients agree with the eager model's (compiled code may round
+    differently, never by much)."""
     import torch._dynamo
 
     from hobson.models.common import fused_kernels
@@ -238,6 +239,9 @@ def test_training_forward_with_length_free_fused_chains_matches_eager():
     cfg = tiny_config("huginn_raven")
     m = get_provider(cfg).build_actor(cfg, seed=0)
     m.train()
+    # as the RL trainer runs it: the backward recomputes each block, which must run the same
+    # (compiled) kernels as its forward did, or torch refuses the recomputed tensors
+    m.gradient_checkpointing = True
     torch._dynamo.reset()
     # a recompile per length would pass this limit, and then fail instead of running eagerly unseen
     with torch._dynamo.config.patch(recompile_limit=2, fail_on_recompile_limit_hit=True), warnings.catch_warnings():

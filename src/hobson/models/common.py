@@ -85,6 +85,22 @@ class fused_kernels:  # noqa: N801 (a context manager used like a function)
 _COMPILED: dict[Any, Any] = {}
 
 
+def checkpointed(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` under activation checkpointing, its recompute in the backward running the
+    kernels its forward ran: the backward runs after the caller's ``fused_kernels`` block has
+    ended, and an eager recompute of a compiled forward saves other tensors, which torch refuses
+    (CheckpointError at the first backward of an RL update on a GPU, 2026-12-04)."""
+    from torch.utils.checkpoint import checkpoint
+
+    state = dict(_FUSED)
+
+    def run(*a: Any) -> Any:
+        with fused_kernels(on=state["on"], dynamic=state["dynamic"]):
+            return fn(*a)
+
+    return checkpoint(run, *args, use_reentrant=False)
+
+
 def fused(fn: Any) -> Any:
     """``fn``, or its compiled version inside :class:`fused_kernels` (compiled once, lazily)."""
 
@@ -97,7 +113,8 @@ def fused(fn: Any) -> Any:
         try:
             return _COMPILED[key](*args)
         except Exception as e:  # no compiler toolchain on this host, say: the eager kernels are right too
-            if _COMPILED[key] is fn:
+            # a checkpoint's recompute stops itself by raising through the kernels: not a failure
+            if _COMPILED[key] is fn or type(e).__name__ == "_StopRecomputationError":
                 raise
             warnings.warn(f"torch.compile of {fn.__name__} failed ({e!r}); using eager kernels", stacklevel=2)
             _COMPILED[key] = fn

@@ -32,7 +32,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from hobson.errors import ConfigError
 from hobson.models.common import (
@@ -43,6 +42,7 @@ from hobson.models.common import (
     StaticKVCache,
     add_rms_norm,
     attend,
+    checkpointed,
     finish_step,
     fused,
     generator_normal_,
@@ -468,7 +468,7 @@ class HuginnRaven(nn.Module):
         self, block: SandwichBlock, x: Tensor, freqs: Tensor, mask: Tensor | None, cache: KVCache | None, slot: Any
     ) -> Tensor:
         if self.gradient_checkpointing and cache is None and torch.is_grad_enabled():
-            return checkpoint(block, x, freqs, mask, None, slot, use_reentrant=False)
+            return checkpointed(block, x, freqs, mask, None, slot)
         return block(x, freqs, mask, cache, slot)
 
     def _core_step(

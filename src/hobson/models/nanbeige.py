@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from hobson.errors import ConfigError
 from hobson.models.common import (
@@ -29,6 +28,7 @@ from hobson.models.common import (
     StaticKVCache,
     add_rms_norm,
     attend,
+    checkpointed,
     finish_step,
     fused,
     generator_normal_,
@@ -337,7 +337,7 @@ class NanbeigeLooped(nn.Module):
             for i, layer in enumerate(self.model.layers):
                 slot = i + loop * L
                 if self.gradient_checkpointing and cache is None and torch.is_grad_enabled():
-                    x = checkpoint(layer, x, cos, sin, mask, None, slot, use_reentrant=False)
+                    x = checkpointed(layer, x, cos, sin, mask, None, slot)
                 else:
                     x = layer(x, cos, sin, mask, cache, slot)
             if loop == cfg.num_loops - 1 or not cfg.skip_loop_final_norm:

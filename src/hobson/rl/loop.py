@@ -284,7 +284,7 @@ def _device(trainer: ModelTrainer) -> torch.device:
     return next(trainer.module.parameters()).device
 
 
-def _fwd(trainer: ModelTrainer, batch: Batch, with_grad: int) -> Tensor:
+def _fwd(trainer: ModelTrainer, batch: Batch, with_grad: int, compiled: bool = False) -> Tensor:
     """Logits (or values) ``(B, L-1)`` on the trainer's device: the objectives run where the logits are.
 
     On a GPU, sending the ``(B, L-1, V)`` fp32 logits to the host and running log-softmax there
@@ -293,11 +293,10 @@ def _fwd(trainer: ModelTrainer, batch: Batch, with_grad: int) -> Tensor:
     kwargs = forward_kwargs(trainer.module, batch.seeds, with_grad)
     if batch.latents is not None and "seed" in kwargs and batch.latents.shape[-1] == trainer.module.config.n_embd:
         kwargs["latent_state"] = batch.latents
+    # compiled: the chains as compiled kernels for any length (``compiled_chains``; CUDA only, the
+    # CPU stays eager); checkpointed blocks recompute under the same setting (``checkpointed``)
     dev = _device(trainer)
-    # On a GPU the norm, RoPE and MLP chains run as compiled kernels (forward and backward), for
-    # any length: Huginn's 16 x 176 forward+backward 1.06 -> 0.80 s on an H200 (shape-specialized
-    # kernels, 2026-12-04). CPU runs stay eager, so their results are unchanged.
-    with fused_kernels(on=dev.type == "cuda", dynamic=True):
+    with fused_kernels(on=compiled and dev.type == "cuda", dynamic=True):
         return trainer(batch.ids.to(dev), **kwargs)[:, :-1]
 
 
@@ -342,16 +341,16 @@ def train_on_rollout(
     temp = cfg.temperature or 1.0
     actor.train()
     t0 = _now()
-    dev = _device(actor)
+    dev, cc = _device(actor), cfg.compiled_chains
     on_dev = batch.to(dev)
     on_dev.latents = latents = _latents(actor.module, batch, dev)
     with torch.no_grad():
-        logits = _fwd(actor, on_dev, 0)
+        logits = _fwd(actor, on_dev, 0, cc)
         trainer_lp = token_logprobs(logits, on_dev.actions, temp)
         frozen = alg.freeze(logits, on_dev, temp)
         ent = aggregate(entropy(tempered_logprobs(logits, temp)), on_dev.mask, cfg.loss_aggregation)
         # the advantage estimators run on the host, as the rollout's rewards are there
-        batch.old_values = _fwd(critic, on_dev, 0).cpu() if critic is not None else torch.zeros(0)
+        batch.old_values = _fwd(critic, on_dev, 0, cc).cpu() if critic is not None else torch.zeros(0)
         del logits
     estimator = get_advantage(alg.advantage)
     batch.advantages, batch.returns = estimator(
@@ -377,13 +376,13 @@ def train_on_rollout(
     for idx in torch.arange(B).chunk(alg.minibatches):
         mb = on_dev.rows(idx)
         fz = {k: v[idx.to(v.device)] for k, v in frozen.items()}
-        logits = _fwd(actor, mb, backprop)
+        logits = _fwd(actor, mb, backprop, cc)
         loss, m = objective(**alg.inputs(logits, fz, mb, temp), **alg.params(cfg), aggregation=cfg.loss_aggregation)
         actor.backward(loss)
         step = {"loss": float(loss.detach()), "grad_norm": actor.grad_norm(), **{k: float(v) for k, v in m.items()}}
         actor.step()
         if critic is not None:
-            values = _fwd(critic, mb, backprop)
+            values = _fwd(critic, mb, backprop, cc)
             vloss, vm = value_loss(values, mb.old_values, mb.returns, mb.mask, value_clip=cfg.value_clip,
                                    aggregation=cfg.loss_aggregation)
             critic.backward(vloss)

@@ -286,6 +286,8 @@ def huginn_fwd_bwd(model, dev: str, B: int, T: int, latents: str = "drawn") -> d
     ctx = fused_kernels(dynamic=True) if latents.endswith("+fused") else contextlib.nullcontext()
 
     def once() -> None:
+        if given is None:
+            huginn.LATENT_CACHE.clear()  # drawn cold, as a forward on new rows would
         logits = model(ids, num_steps_no_grad=model.config.mean_recurrence - steps, num_steps_with_grad=steps,
                        seed=seeds, latent_state=given)
         logits.float().logsumexp(-1).mean().backward()

@@ -256,3 +256,27 @@ def test_training_forward_with_length_free_fused_chains_matches_eager():
                 out.logsumexp(-1).mean().backward()
                 grads.append(torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None]))
             torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-5)
+
+
+def test_latent_cache_gives_the_drawn_bits_and_stays_within_its_bound():
+    """What the cache returns equals a fresh draw bit for bit; a second initial_state of the same
+    rows draws nothing; the oldest vectors go first once the bound is reached."""
+    from hobson.models.huginn import LatentCache
+
+    cache = LatentCache(max_bytes=10 * 24 * 4)  # ten vectors of width 24
+    for p in range(12):
+        assert torch.equal(cache.vector(3, p, 24), latent_vector(3, p, 24))
+    assert (cache.misses, cache.hits, cache.bytes) == (12, 0, 10 * 24 * 4)
+    assert torch.equal(cache.vector(3, 11, 24), latent_vector(3, 11, 24)) and cache.hits == 1
+    cache.vector(3, 0, 24)  # evicted (the oldest two went): drawn again
+    assert cache.misses == 13
+
+    import hobson.models.huginn as h
+
+    h.LATENT_CACHE.clear()
+    pos = torch.arange(9).repeat(2, 1)
+    first = initial_state([5, 6], pos, 24)
+    drawn = h.LATENT_CACHE.misses
+    assert drawn == 18 and torch.equal(initial_state([5, 6], pos, 24), first)
+    assert h.LATENT_CACHE.misses == drawn and h.LATENT_CACHE.hits == 18
+    assert LatentCache(max_bytes=0).vector(1, 2, 24).shape == (24,)  # off: draws, keeps nothing

@@ -162,7 +162,10 @@ def test_auto_keeps_a_working_fla_and_drops_a_broken_one(qwen35_dir, monkeypatch
 
     import transformers.models.qwen3_5.modeling_qwen3_5 as m
 
-    torch_fn = inspect.unwrap(m.torch_chunk_gated_delta_rule)
+    from hobson.decider.kernels import _dispatch_function
+
+    # the torch function, past the kernels package's Func module where transformers has one
+    torch_fn = inspect.unwrap(_dispatch_function(m.torch_chunk_gated_delta_rule))
     fla_calls = []
 
     def fla_kernel(*args, **kwargs):

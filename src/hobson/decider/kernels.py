@@ -62,6 +62,21 @@ def gated_deltanet_modules(model: torch.nn.Module) -> list[ModuleType]:
     return [sys.modules[n] for n in sorted(names) if hasattr(sys.modules.get(n), FUNCTION)]
 
 
+def _dispatch_function(obj: Any) -> Any:
+    """transformers' dispatch wrapper itself. With the ``kernels`` package installed (transformers
+    5.25 requires it), a modeling module holds the wrapper inside a ``Func`` module
+    (``kernels._internals.layer._create_func_module``) whose forward calls it as ``func``; without
+    it, the module holds the wrapper."""
+    if isinstance(obj, torch.nn.Module):
+        try:
+            inner = inspect.getclosurevars(type(obj).forward).nonlocals.get("func")
+        except (TypeError, ValueError):
+            inner = None
+        if inner is not None:
+            return inner
+    return obj
+
+
 def _implementation(dispatch: Callable) -> Callable | None:
     """The kernel transformers' dispatch wrapper calls (its closure's ``implementation``), or None."""
     fn: Callable | None = dispatch
@@ -135,10 +150,10 @@ def select_gated_delta_rule(model: torch.nn.Module, setting: str, device: torch.
     if not modules:
         yield None
         return
-    first = getattr(modules[0], FUNCTION)
+    first = _dispatch_function(getattr(modules[0], FUNCTION))
     torch_fn = inspect.unwrap(first)  # functools.wraps: the wrapper's __wrapped__ is the torch function
     kernel = _kernel_name(_implementation(first), torch_fn)
-    conv = getattr(modules[0], CONV, None)
+    conv = _dispatch_function(getattr(modules[0], CONV, None))
     choice = KernelChoice(setting=setting, chunk_gated_delta_rule=kernel, compiled=setting == "compiled",
                           causal_conv1d=_kernel_name(_implementation(conv), inspect.unwrap(conv)) if conv else "torch",
                           compile_backend=compile_backend if setting == "compiled" else None)
@@ -160,8 +175,8 @@ def select_gated_delta_rule(model: torch.nn.Module, setting: str, device: torch.
         for m, dispatch in originals.items():
             # transformers' own path where it stands (auto, the same numbers as without this context)
             keep = choice.chunk_gated_delta_rule == kernel and not choice.compiled
-            target = dispatch if keep else _reference(inspect.unwrap(dispatch), compiled=choice.compiled,
-                                                      backend=compile_backend)
+            target = dispatch if keep else _reference(inspect.unwrap(_dispatch_function(dispatch)),
+                                                      compiled=choice.compiled, backend=compile_backend)
             call = counted(target)
             setattr(m, FUNCTION, torch.compiler.disable(call) if opaque else call)
         yield choice

@@ -269,7 +269,7 @@ def huginn_fwd_bwd(model, dev: str, B: int, T: int, latents: str = "drawn") -> d
     ``latents``: ``drawn`` draws the initial states inside the forward (the host draws 16 x 176
     vectors while the GPU waits), ``given`` passes states drawn beforehand, as the RL update does
     (once per update for all its forwards), and ``given+fused`` also runs the norm and RoPE chains
-    as compiled kernels for any length, as the RL update now does on a GPU (``fused_kernels(dynamic=True)``).
+    as compiled kernels for any length, as the RL update does on a GPU with ``--compiled-chains``.
     """
     import contextlib
 
@@ -287,7 +287,7 @@ def huginn_fwd_bwd(model, dev: str, B: int, T: int, latents: str = "drawn") -> d
 
     def once() -> None:
         if given is None:
-            huginn.LATENT_CACHE.clear()  # drawn cold, as a forward on new rows would
+            huginn.latent_cache().clear()  # drawn cold, as a forward on new rows would
         logits = model(ids, num_steps_no_grad=model.config.mean_recurrence - steps, num_steps_with_grad=steps,
                        seed=seeds, latent_state=given)
         logits.float().logsumexp(-1).mean().backward()

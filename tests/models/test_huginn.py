@@ -273,10 +273,37 @@ def test_latent_cache_gives_the_drawn_bits_and_stays_within_its_bound():
 
     import hobson.models.huginn as h
 
-    h.LATENT_CACHE.clear()
+    h.latent_cache().clear()
     pos = torch.arange(9).repeat(2, 1)
     first = initial_state([5, 6], pos, 24)
-    drawn = h.LATENT_CACHE.misses
+    drawn = h.latent_cache().misses
     assert drawn == 18 and torch.equal(initial_state([5, 6], pos, 24), first)
-    assert h.LATENT_CACHE.misses == drawn and h.LATENT_CACHE.hits == 18
+    assert h.latent_cache().misses == drawn and h.latent_cache().hits == 18
     assert LatentCache(max_bytes=0).vector(1, 2, 24).shape == (24,)  # off: draws, keeps nothing
+
+
+@pytest.mark.parametrize("raw", ["lots", "-1", "nan"])
+def test_a_bad_latent_cache_size_is_one_clear_error(monkeypatch, raw):
+    import hobson.models.huginn as h
+
+    monkeypatch.setattr(h, "_LATENT_CACHE", [])
+    monkeypatch.setenv("HOBSON_LATENT_CACHE_MB", raw)
+    with pytest.raises(ConfigError, match=f"HOBSON_LATENT_CACHE_MB='{raw}' is not a size in MiB >= 0"):
+        h.latent_cache()
+    monkeypatch.setenv("HOBSON_LATENT_CACHE_MB", "0")
+    assert h.latent_cache().max_bytes == 0
+
+
+def test_latents_drawn_once_per_update_are_the_forwards_own():
+    """The RL update draws the initial states once (loop._latents) and gives them to its forwards:
+    the logits equal, bit for bit, those of a forward that draws them itself."""
+    from types import SimpleNamespace
+
+    from hobson.rl.loop import _latents
+
+    cfg = tiny_config("huginn_raven")
+    m = get_provider(cfg).build_actor(cfg, seed=2)
+    ids, seeds = _ids(3, 11, seed=4), [9, 10, 9]
+    given = _latents(m, SimpleNamespace(ids=ids, seeds=seeds), torch.device("cpu"))
+    with torch.no_grad():
+        assert torch.equal(m(ids, seed=seeds, latent_state=given), m(ids, seed=seeds))

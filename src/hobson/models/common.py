@@ -72,7 +72,8 @@ class fused_kernels:  # noqa: N801 (a context manager used like a function)
     than per shape (decoding: a few batch sizes, captured in CUDA graphs)."""
 
     def __init__(self, on: bool = True, dynamic: bool = False) -> None:
-        self.state, self.prev = {"on": on, "dynamic": dynamic}, dict(_FUSED)
+        self.state: dict[str, bool] = {"on": on, "dynamic": dynamic}
+        self.prev: dict[str, bool] = {}
 
     def __enter__(self) -> None:
         self.prev = dict(_FUSED)

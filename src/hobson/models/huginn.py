@@ -350,8 +350,23 @@ class LatentCache:
             self.bytes = self.hits = self.misses = 0
 
 
-# 256 MiB: ~12,700 Huginn vectors (E = 5,280), four updates of 16 x 176 tokens; 0 turns it off
-LATENT_CACHE = LatentCache(int(float(os.environ.get("HOBSON_LATENT_CACHE_MB", "256")) * 2**20))
+_LATENT_CACHE: list[LatentCache] = []
+
+
+def latent_cache() -> LatentCache:
+    """The process's cache, sized by ``HOBSON_LATENT_CACHE_MB`` when first used (default 256 MiB:
+    ~12,700 Huginn vectors of E = 5,280, four updates of 16 x 176 tokens; 0 turns it off)."""
+    if not _LATENT_CACHE:
+        raw = os.environ.get("HOBSON_LATENT_CACHE_MB", "256")
+        try:
+            mb = float(raw)
+        except ValueError:
+            mb = -1.0
+        if not mb >= 0:  # also NaN
+            raise ConfigError(f"HOBSON_LATENT_CACHE_MB={raw!r} is not a size in MiB >= 0: unset it for 256, "
+                              "or set 0 to draw every latent vector afresh")
+        _LATENT_CACHE.append(LatentCache(int(mb * 2**20)))
+    return _LATENT_CACHE[0]
 
 
 def initial_state(seeds: Sequence[int], positions: Tensor, n_embd: int) -> Tensor:
@@ -359,7 +374,7 @@ def initial_state(seeds: Sequence[int], positions: Tensor, n_embd: int) -> Tenso
 
     A row's state depends only on its own seed and positions, never on the other rows. Each
     distinct (seed, position) vector is drawn once from its own generator (~150 µs each, nearly all
-    of it the generator's seeding and uniform draws) or found in :data:`LATENT_CACHE`. A forward
+    of it the generator's seeding and uniform draws) or found in :func:`latent_cache`. A forward
     given the states (``latent_state``) draws none: the RL update draws them once for its forwards.
     Drawing them on a pool of threads was slower on a 16-core GPU host (1.94 s against 1.53 s per
     16 x 176 training forward, 2026-12-04): the per-vector work holds the GIL.
@@ -369,7 +384,8 @@ def initial_state(seeds: Sequence[int], positions: Tensor, n_embd: int) -> Tenso
         raise ValueError(f"{len(seeds)} seeds for a batch of {len(pos)}")
     slot: dict[tuple[int, int], int] = {}
     index = [[slot.setdefault((int(s), int(p)), len(slot)) for p in row] for s, row in zip(seeds, pos, strict=True)]
-    vectors = [LATENT_CACHE.vector(s, p, n_embd) for s, p in slot]
+    cache = latent_cache()
+    vectors = [cache.vector(s, p, n_embd) for s, p in slot]
     T = len(pos[0]) if pos else 0
     if not vectors:
         return torch.empty(len(pos), T, n_embd)

@@ -113,6 +113,27 @@ def release(device: str) -> None:
         torch.cuda.empty_cache()
 
 
+def dense_peak(device: str, size: int) -> dict[str, Any]:
+    """TFLOP/s of ``A @ B`` on ``size``-square operands: 3 warm-ups, 10 timed (bf16 on CUDA, fp32 on CPU)."""
+    import torch
+
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(size, size, device=device, dtype=dtype, generator=g)
+    b = torch.randn(size, size, device=device, dtype=dtype, generator=g)
+    for _ in range(3):
+        a @ b
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    sync(device)
+    s = time.perf_counter() - start
+    del a, b
+    return {"size": size, "dtype": str(dtype).replace("torch.", ""), "seconds_10": round(s, 4),
+            "tflops": round(10 * 2 * size ** 3 / s / 1e12, 2)}
+
+
 def timed(fn: Callable[[], T], device: str | None = None) -> tuple[float, T]:
     """``(seconds, fn())`` of one call; with ``device``, the device's work is waited for on both sides."""
     if device:

@@ -402,25 +402,6 @@ def flops_per_token(config, n_mm: int, n_lora: int, *, mean_context: float, froz
             "six_n": 6.0 * n_mm, "mean_context": ctx}
 
 
-def dense_peak(device: str, size: int) -> dict[str, Any]:
-    """TFLOP/s of ``A @ B`` on ``size``-square operands: 3 warm-ups, 10 timed (bf16 on CUDA, fp32 on CPU)."""
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    g = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(size, size, device=device, dtype=dtype, generator=g)
-    b = torch.randn(size, size, device=device, dtype=dtype, generator=g)
-    for _ in range(3):
-        a @ b
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(10):
-        a @ b
-    sync(device)
-    s = time.perf_counter() - start
-    del a, b
-    return {"size": size, "dtype": str(dtype).replace("torch.", ""), "seconds_10": round(s, 4),
-            "tflops": round(10 * 2 * size ** 3 / s / 1e12, 2)}
-
-
 # --- train --------------------------------------------------------------------------------------------
 def train_overrides(args: argparse.Namespace, ws: Workspace, out: Path, *, bf16: bool) -> list[str]:
     corpus, teacher, tokdir = ws.train_files()
@@ -511,7 +492,7 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
     overrides = train_overrides(args, ws, out, bf16=device == "cuda")
     overrides.append(f"stop_after_steps={warmup + steps + args.profile}")
     cfg = load_train_config(args.config, overrides)
-    peak = dense_peak(init_device(device), args.peak_size)
+    peak = common.dense_peak(init_device(device), args.peak_size)
     log(f"train: dense matmul peak {peak['tflops']} TFLOP/s ({peak['dtype']}, {peak['size']}^3)")
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()

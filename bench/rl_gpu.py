@@ -263,7 +263,7 @@ def profile_rollout(e: NativeEngine, model, plist, ids, seeds, N: int, T: float,
     return out
 
 
-def huginn_fwd_bwd(model, dev: str, B: int, T: int, latents: str = "drawn") -> dict:
+def huginn_fwd_bwd(model, dev: str, B: int, T: int, latents: str = "drawn", profile: bool = False) -> dict:
     """Seconds and tokens/s of one training forward+backward (24 no-grad + 8 grad recurrences).
 
     ``latents``: ``drawn`` draws the initial states inside the forward (the host draws 16 x 176
@@ -301,9 +301,27 @@ def huginn_fwd_bwd(model, dev: str, B: int, T: int, latents: str = "drawn") -> d
             once()
         sync(dev)
     secs = (time.perf_counter() - t0) / 3
+    out = {"seconds": secs, "tokens_per_s": B * T / secs, "no_grad_steps": model.config.mean_recurrence - steps,
+           "grad_steps": steps, "latents": latents}
+    if latents == "given":
+        # the matmul FLOPs of one forward+backward, counted by torch (eager: the compiled rows run
+        # the same products, which a FlopCounterMode cannot see inside a compiled graph)
+        from torch.utils.flop_counter import FlopCounterMode
+
+        with FlopCounterMode(display=False) as counter:
+            once()
+        out["flops"] = counter.get_total_flops()
+    if profile:
+        with ctx, common.profiled(dev) as prof:
+            sync(dev)
+            t0 = time.perf_counter()
+            once()
+            sync(dev)
+            wall = time.perf_counter() - t0
+        out["profile"] = common.summarize(prof, steps=1, wall_s=wall)
+        common.print_summary(f"Huginn forward+backward, latents {latents}", out["profile"])
     model.eval()
-    return {"seconds": secs, "tokens_per_s": B * T / secs, "no_grad_steps": model.config.mean_recurrence - steps,
-            "grad_steps": steps, "latents": latents}
+    return out
 
 
 def part_fwd_bwd(args, res: dict) -> None:
@@ -313,14 +331,29 @@ def part_fwd_bwd(args, res: dict) -> None:
     dev = args.engine_device
     model = random_model(args.kind, config_for(args.kind, args.size), getattr(torch, args.rollout_dtype), dev)
     ref = REFERENCE_HUGINN["fwd_bwd_tok_s"]
-    rows = {how: huginn_fwd_bwd(model, dev, args.batch, 176, how) for how in ("drawn", "given", "given+fused")}
+    rows = {how: huginn_fwd_bwd(model, dev, args.batch, 176, how, profile=args.profile and how != "drawn")
+            for how in ("drawn", "given", "given+fused")}
+    # what the goal asks of the hardware: the same run's dense bf16 matmul speed (8192^3, as the
+    # training bench's MFU) against the matmul FLOPs of one forward+backward at the goal's speed
+    peak = common.dense_peak(dev, 8192)
+    flops = rows["given"]["flops"]
     print(f"\n### Huginn forward+backward, {args.rollout_dtype}, {args.batch} x 176 tokens, "
           f"24 no-grad + 8 grad recurrences (reference {ref} tok/s)\n")
-    print("| latents | s per fwd+bwd | tokens/s | vs reference |\n| --- | ---: | ---: | ---: |")
+    print(f"matmul FLOPs per forward+backward {flops / 1e12:.1f} T; dense bf16 matmul peak in this run "
+          f"{peak['tflops']} TFLOP/s\n")
+    print("| latents | s per fwd+bwd | tokens/s | vs reference | TFLOP/s | share of the dense peak |\n"
+          "| --- | ---: | ---: | ---: | ---: | ---: |")
     for how, r in rows.items():
         r["vs_reference"] = r["tokens_per_s"] / ref
-        print(f"| {how} | {r['seconds']:.3f} | {r['tokens_per_s']:.0f} | {r['vs_reference']:.2f}x |")
-    res["fwd_bwd"] = {"reference_tok_s": ref, "rows": rows, "tokens_per_s": rows["given"]["tokens_per_s"]}
+        r["tflops"] = flops / r["seconds"] / 1e12
+        r["peak_share"] = r["tflops"] / peak["tflops"]
+        print(f"| {how} | {r['seconds']:.3f} | {r['tokens_per_s']:.0f} | {r['vs_reference']:.2f}x | "
+              f"{r['tflops']:.0f} | {r['peak_share']:.1%} |")
+    goal_tflops = flops * 1.5 * ref / (args.batch * 176) / 1e12
+    print(f"| the goal, 1.5x the reference | {args.batch * 176 / (1.5 * ref):.3f} | {1.5 * ref:.0f} | 1.50x | "
+          f"{goal_tflops:.0f} | {goal_tflops / peak['tflops']:.1%} |")
+    res["fwd_bwd"] = {"reference_tok_s": ref, "rows": rows, "tokens_per_s": rows["given"]["tokens_per_s"],
+                      "matmul_flops": flops, "dense_peak": peak, "goal_tflops": goal_tflops}
     model = None
     release(dev)
 
@@ -580,7 +613,8 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=48)
     p.add_argument("--fwd-bwd", action="store_true", help="also the Huginn forward+backward at tiny size")
     p.add_argument("--profile", action="store_true",
-                   help="rollout: also profile one generate of each engine and print where the time goes")
+                   help="rollout: also profile one generate of each engine; fwd-bwd: one forward+backward of "
+                        "the given and given+fused rows; print where the time goes")
     p.add_argument("--algorithms", default=",".join(ALGORITHMS))
     p.add_argument("--compiled-chains", action="store_true",
                    help="e2e: train with --compiled-chains (the norm, RoPE and MLP chains compiled; CUDA)")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hobson.decider import kernels
 from hobson.decider.config import load_train_config, resume_conflicts
 from hobson.decider.kernels import select_gated_delta_rule
 from hobson.decider.model import load_torso
@@ -174,20 +175,51 @@ def test_auto_keeps_a_working_fla_and_drops_a_broken_one(qwen35_dir, monkeypatch
             raise RuntimeError("triton: no kernel image for this GPU")
         return torch_fn(*args, **kwargs)
     fla_kernel.__module__ = "fla.ops.gated_delta_rule.chunk"
-    monkeypatch.setattr(m, "torch_chunk_gated_delta_rule", _dispatch_wrapper(fla_kernel, torch_fn))
     torso, _, _ = load_torso(str(qwen35_dir), dtype=torch.float32, attn_implementation="sdpa", keep_lm_head=False,
                              init="random")
+    with torch.no_grad():
+        ref = _forward(torso)
+    monkeypatch.setattr(m, "torch_chunk_gated_delta_rule", _dispatch_wrapper(fla_kernel, torch_fn))
+    # fla's causal convolution beside its rule: here a counting stand-in with the torch numbers
+    conv_calls = []
+
+    def fla_conv(hidden_states=None, weight=None, bias=None, activation=None, x=None, **kwargs):
+        conv_calls.append(1)
+        return kernels.torch_causal_conv1d(hidden_states if hidden_states is not None else x, weight, bias, activation)
+    monkeypatch.setattr(kernels, "fla_causal_conv1d", lambda: fla_conv)
+    conv_before = getattr(m, kernels.CONV)
     with torch.no_grad(), select_gated_delta_rule(torso, "auto", "cpu") as choice:
         probed = len(fla_calls)
-        _forward(torso)
+        out = _forward(torso)
     assert probed == 1 and choice.calls == LINEAR_LAYERS
+    assert getattr(m, kernels.CONV) is conv_before  # put back
     if works:
         assert choice.chunk_gated_delta_rule == "fla" and choice.fla_backward_error is None, choice
         assert len(fla_calls) == 1 + LINEAR_LAYERS
+        # the probe (against the torch convolution, bf16, forward and input gradient), then each layer
+        assert choice.causal_conv1d == "fla" and choice.fla_conv_error is None
+        assert len(conv_calls) == 1 + LINEAR_LAYERS
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)
     else:
         assert choice.chunk_gated_delta_rule == "torch"
         assert choice.fla_backward_error.startswith("RuntimeError: triton")
         assert len(fla_calls) == 1  # the probe only
+        assert choice.causal_conv1d == "torch" and conv_calls == []
+
+
+def test_the_torch_causal_conv1d_is_transformers_fallback_bit_for_bit():
+    import inspect
+
+    import transformers.models.qwen3_5.modeling_qwen3_5 as m
+
+    from hobson.decider.kernels import _dispatch_function
+
+    fallback = inspect.unwrap(_dispatch_function(getattr(m, kernels.CONV)))
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(2, 12, 9, generator=g), torch.randn(12, 4, generator=g), torch.randn(12, generator=g)
+    for bias, act in ((None, "silu"), (b, None)):
+        ours = kernels.torch_causal_conv1d(x, w, bias, activation=act)
+        assert torch.equal(ours, fallback(x, w, bias, activation=act))
 
 
 def test_recipe_reports_the_kernel_it_trained_with(qwen35_dir, decider_data, config_factory, tmp_path, capsys):

@@ -23,6 +23,7 @@ LENGTH_KEYS = ("tokens", "chars")
 ON_USR2 = ("exit", "continue")
 DEVICES = ("auto", "cpu", "cuda")
 GATED_DELTA_RULES = ("auto", "torch", "compiled")  # hobson.decider.kernels
+LORA_KERNELS = ("auto", "peft", "fused")  # hobson.decider.fusion
 TORSO_INITS = ("pretrained", "random")
 
 # Keys that steer a run but not what it computes: a resumed run may change them. Every other key
@@ -30,7 +31,7 @@ TORSO_INITS = ("pretrained", "random")
 RUN_CONTROL_KEYS = frozenset({
     "output_dir", "checkpoint_every", "keep_checkpoints", "on_usr2", "stop_after_steps",
     "eval_every", "val_batch_size", "log_every", "num_threads", "resume", "trace_dir", "device",
-    "val_file", "gated_delta_rule", "compile_layers",
+    "val_file", "gated_delta_rule", "compile_layers", "lora_kernel", "fused_chains",
 })
 # Keys added after checkpoints were first written: a checkpoint's config without one was trained
 # with this value (what every run did before the key existed), so resuming it is no conflict.
@@ -140,6 +141,12 @@ class TrainConfig:
     # Every decoder layer under torch.compile (hobson.decider.compiling): fuses the elementwise work
     # around the matmuls on a GPU; the first steps of each length class pay the compile.
     compile_layers: bool = False
+    # LoRA's forward (hobson.decider.fusion): peft's, or fused (the adapter's product in the torso's
+    # dtype, its add inside the GEMM); auto: fused for a bf16 torso, peft's in fp32
+    lora_kernel: str = "auto"
+    # Norms, the gated norm and silu(gate) * up as one compiled kernel each in a CUDA step (eager,
+    # the model's own numbers, on a CPU)
+    fused_chains: bool = False
     trace_dir: str | None = None  # debug: per-step all-reduced gradients and rendered token ids
 
     def __post_init__(self) -> None:
@@ -156,6 +163,8 @@ class TrainConfig:
             problems.append(f"device {self.device!r} is not one of {', '.join(DEVICES)}")
         if self.gated_delta_rule not in GATED_DELTA_RULES:
             problems.append(f"gated_delta_rule {self.gated_delta_rule!r} is not one of {', '.join(GATED_DELTA_RULES)}")
+        if self.lora_kernel not in LORA_KERNELS:
+            problems.append(f"lora_kernel {self.lora_kernel!r} is not one of {', '.join(LORA_KERNELS)}")
         if self.torso_init not in TORSO_INITS:
             problems.append(f"torso_init {self.torso_init!r} is not one of {', '.join(TORSO_INITS)}")
         for key in ("epochs", "micro_batch_size", "grad_accum", "max_length", "pointer_dim", "num_slots",

@@ -9,6 +9,8 @@ setting (``gated_delta_rule`` in the training config):
 
 - ``auto``: transformers' choice; but fla whose forward + backward fails a small probe on this
   device (fla 0.6 + triton 3.6 on Hopper, any fla on a CPU) is replaced by the torch function.
+  Beside fla's rule, the layers' causal convolution is fla's too (where transformers would run
+  its grouped ``conv1d`` fallback) when it passes its own probe against that fallback.
 - ``torch``: the reference torch function.
 - ``compiled``: the reference torch function under ``torch.compile``.
 
@@ -33,7 +35,7 @@ from hobson.decider.config import GATED_DELTA_RULES
 from hobson.errors import ConfigError
 
 FUNCTION = "torch_chunk_gated_delta_rule"  # the name each Gated DeltaNet layer calls
-CONV = "causal_conv1d_fn"  # reported only: the depthwise conv's dispatch (causal-conv1d or torch)
+CONV = "causal_conv1d_fn"  # the depthwise conv's dispatch (causal-conv1d or torch; fla's beside fla's rule)
 
 
 @dataclass
@@ -43,8 +45,9 @@ class KernelChoice:
     setting: str  # auto | torch | compiled
     chunk_gated_delta_rule: str  # "fla" or "torch": what the layers call
     compiled: bool  # the torch function runs under torch.compile
-    causal_conv1d: str  # "causal_conv1d" or "torch" (transformers' choice, never changed here)
+    causal_conv1d: str  # "causal_conv1d" or "torch" (transformers' choice), or "fla" (with fla's rule)
     fla_backward_error: str | None = None  # auto: why fla was not used, when it imports but fails
+    fla_conv_error: str | None = None  # why fla's convolution was not used beside its rule
     compile_backend: str | None = None
     calls: int = 0
 
@@ -118,6 +121,63 @@ def probe_backward(fn: Callable, device: torch.device | str) -> str | None:
         return f"{type(e).__name__}: {str(e)[:300]}"
 
 
+def fla_causal_conv1d() -> Callable | None:
+    """fla's causal depthwise convolution (triton, forward and backward) in the call shape of
+    transformers' ``causal_conv1d_fn`` (``(B, D, T)`` in and out; positional ``hidden_states`` as
+    transformers >= 5.25 calls it, ``x=`` as earlier versions' layers call theirs); None without fla.
+
+    transformers takes its fast path only from the ``causal_conv1d`` package (a CUDA build, not on
+    the GPU image), else a grouped ``conv1d`` whose kernels took 7.5% of a Qwen3.5 step.
+    """
+    try:
+        from fla.modules.causal_conv1d import causal_conv1d
+    except Exception:  # no fla, or one that does not import here
+        return None
+
+    def conv(hidden_states: torch.Tensor | None = None, weight: torch.Tensor | None = None,
+             bias: torch.Tensor | None = None, activation: str | None = None, x: torch.Tensor | None = None,
+             **kwargs: Any) -> torch.Tensor:
+        h = hidden_states if hidden_states is not None else x
+        if kwargs.get("cu_seqlens") is not None or kwargs.get("seq_idx") is not None:
+            raise ValueError("packed sequences reached the causal convolution; hobson pads rows")
+        # the layer transposed (B, T, D) to (B, D, T) for this call: back to fla's layout, a view
+        y, _ = causal_conv1d(h.transpose(1, 2).contiguous(), weight, bias, activation=activation)
+        return y.transpose(1, 2)
+
+    return conv
+
+
+def torch_causal_conv1d(hidden_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                        activation: str | None = None) -> torch.Tensor:
+    """transformers' fallback: a grouped ``conv1d`` padded on the left, then the activation."""
+    T = hidden_states.shape[-1]
+    out = torch.nn.functional.conv1d(hidden_states.to(weight.dtype), weight.unsqueeze(1), bias,
+                                     padding=weight.shape[-1] - 1, groups=hidden_states.shape[1])[..., :T]
+    if activation is not None:
+        out = torch.nn.functional.silu(out)
+    return out.to(hidden_states.dtype)
+
+
+def probe_conv(fn: Callable, device: torch.device | str, reference: Callable = torch_causal_conv1d) -> str | None:
+    """None when ``fn`` gives ``reference``'s convolution and input gradient on a small bf16 input."""
+    g = torch.Generator(device=device).manual_seed(0)
+    try:
+        with torch.enable_grad():
+            x = torch.randn(2, 48, 40, device=device, dtype=torch.bfloat16, generator=g)
+            w = torch.randn(48, 4, device=device, dtype=torch.bfloat16, generator=g)
+            outs = []
+            for f in (fn, reference):
+                xi = x.clone().requires_grad_()
+                y = f(xi, w, None, activation="silu")
+                y.float().pow(2).sum().backward()
+                outs.append((y.float(), xi.grad.float()))
+        for a, b in zip(*outs, strict=True):
+            torch.testing.assert_close(a, b, rtol=0.05, atol=0.05)
+        return None
+    except Exception as e:  # any failure means: keep transformers' convolution
+        return f"{type(e).__name__}: {str(e)[:300]}"
+
+
 def _reference(torch_fn: Callable, *, compiled: bool, backend: str) -> Callable:
     """The torch function called as transformers' wrapper calls it (unknown kwargs dropped)."""
     params = frozenset(inspect.signature(torch_fn).parameters)
@@ -164,6 +224,19 @@ def select_gated_delta_rule(model: torch.nn.Module, setting: str, device: torch.
     if setting != "auto":
         choice.chunk_gated_delta_rule = "torch"
     originals = {m: getattr(m, FUNCTION) for m in modules}
+    conv_originals: dict[Any, Any] = {}
+    if choice.chunk_gated_delta_rule == "fla" and choice.causal_conv1d == "torch":
+        fla_conv = fla_causal_conv1d()
+        error = probe_conv(fla_conv, device) if fla_conv is not None else "fla has no causal_conv1d"
+        if error is None:
+            choice.causal_conv1d = "fla"
+            # transformers >= 5.25 looks the name up in its module at call time; earlier versions'
+            # layers hold it from their __init__ (None without the causal-conv1d package)
+            conv_originals = {m: getattr(m, CONV) for m in modules if hasattr(m, CONV)}
+            conv_originals.update({layer: layer.__dict__.get(CONV) for layer in model.modules()
+                                   if CONV in vars(layer)})
+        else:
+            choice.fla_conv_error = error
 
     def counted(target: Callable) -> Callable:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -179,10 +252,15 @@ def select_gated_delta_rule(model: torch.nn.Module, setting: str, device: torch.
                                                       compiled=choice.compiled, backend=compile_backend)
             call = counted(target)
             setattr(m, FUNCTION, torch.compiler.disable(call) if opaque else call)
+        for owner in conv_originals:
+            setattr(owner, CONV, torch.compiler.disable(fla_conv) if opaque else fla_conv)
         yield choice
     finally:
         for m, dispatch in originals.items():
             setattr(m, FUNCTION, dispatch)
+        for owner, original in conv_originals.items():
+            setattr(owner, CONV, original)
 
 
-__all__ = ["KernelChoice", "gated_deltanet_modules", "probe_backward", "select_gated_delta_rule"]
+__all__ = ["KernelChoice", "fla_causal_conv1d", "gated_deltanet_modules", "probe_backward", "probe_conv",
+           "select_gated_delta_rule", "torch_causal_conv1d"]

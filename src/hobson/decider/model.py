@@ -21,6 +21,7 @@ from torch import nn
 
 from hobson.attention import varying_shape_sdpa
 from hobson.decider.collate import Batch
+from hobson.decider.fusion import fuse_chains, fuse_lora, lora_is_fused
 from hobson.errors import ConfigError, DataError
 from hobson.labels.prompt import MAX_OPTIONS, letter_token_ids
 
@@ -274,6 +275,10 @@ def build_decider(cfg: Any, tokenizer: Any, device: torch.device | str = "cpu") 
         if cfg.freeze_torso:  # the head trains alone; the adapter stays as init_from loads it
             for p in torso.parameters():
                 p.requires_grad_(False)
+        if lora_is_fused(cfg.lora_kernel, dtype):
+            fuse_lora(torso)
+    if cfg.fused_chains:
+        fuse_chains(torso)
     hidden = torso.config.hidden_size
     head = build_head(cfg.head_type, hidden, pointer_dim=cfg.pointer_dim, num_slots=cfg.num_slots,
                       head_hidden=cfg.head_hidden, ensemble=cfg.head_ensemble)

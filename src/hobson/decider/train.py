@@ -60,6 +60,7 @@ from hobson.decider.sampler import LengthGroupedSampler, assign_micro_batches, r
 from hobson.devices import check_device
 from hobson.errors import ConfigError, DataError
 from hobson.io import atomic_write, check_writable_dir, iter_jsonl, write_json_atomic
+from hobson.models.common import fused_kernels
 from hobson.progress import Progress
 from hobson.scalars import TensorBoardLog
 from hobson.threads import set_threads
@@ -69,6 +70,7 @@ PREEMPT_EXIT_CODE = 75
 # Summed over a step's micro-batches, then over ranks (one all-reduce per step).
 _METRICS = ("loss", "ce", "kl_teacher", "kl_frozen", "correct", "rows", "usr2", "tokens", "padded_tokens",
             "attended_pairs")
+_SUMMED = ("loss", "ce", "kl_teacher", "kl_frozen", "correct", "rows")  # what each micro-batch's loss reports
 
 
 @dataclass(frozen=True)
@@ -426,23 +428,28 @@ class DeciderTrainRecipe:
         scale = self.world_size / n_rows
         self.model.train()
         sums = torch.zeros(len(_METRICS), dtype=torch.float64)
+        # the loss terms add up on the device and are read once per step: a read per micro-batch
+        # made the host wait for the GPU before launching the next micro-batch's kernels
+        on_device = torch.zeros(len(_SUMMED), dtype=torch.float64, device=self.device)
         if not batches:
             self.ddp(None)["zero"].backward()
+        # over the backward too: checkpointing recomputes there, with the forward's kernels
+        chains = fused_kernels(on=self.cfg.fused_chains and self.device.type == "cuda", dynamic=True)
         for j, batch in enumerate(batches):
             last = j == len(batches) - 1
             sync = contextlib.nullcontext() if last or self.world_size == 1 else self.ddp.no_sync()
             batch = batch.to(self.device)
-            with sync, varying_shape_sdpa():  # over the backward too: checkpointing recomputes there
+            with sync, varying_shape_sdpa(), chains:
                 out = self.ddp(batch)
                 loss, metrics = self._loss(batch, out)
                 (loss * scale).backward()
-            sums[0] += float(loss.detach())
-            for k in ("ce", "kl_teacher", "kl_frozen", "correct", "rows"):
-                sums[_METRICS.index(k)] += float(metrics[k])
+            on_device += torch.stack([loss.detach().double()] + [metrics[k].double() for k in _SUMMED[1:]])
             lengths = [len(ids) for ids in batch.token_ids]  # the attention mask's ones, read on the host
             sums[_METRICS.index("tokens")] += sum(lengths)
             sums[_METRICS.index("padded_tokens")] += batch.padded_tokens
             sums[_METRICS.index("attended_pairs")] += sum(n * (n + 1) // 2 for n in lengths)
+        for k, v in zip(_SUMMED, on_device.tolist(), strict=True):
+            sums[_METRICS.index(k)] += v
         if self.cfg.trace_dir:
             self._trace(step, batches)
         if self.cfg.grad_clip > 0:

@@ -1,0 +1,130 @@
+"""``lora_kernel`` and ``fused_chains`` (hobson.decider.fusion): what they reroute, and that the
+numbers stay the model's: the chains bit for bit outside ``fused_kernels`` (CPU), the fused LoRA
+the same sum as peft's within rounding, its adapter fp32 and trained."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from hobson.decider.config import load_train_config
+from hobson.decider.fusion import fuse_chains, fuse_lora, lora_is_fused
+from hobson.errors import ConfigError
+
+
+def _qwen35(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A tiny Qwen3.5 text model: 3 Gated DeltaNet layers and 1 full attention, seeded."""
+    from transformers import AutoModelForCausalLM, Qwen3_5TextConfig
+
+    cfg = Qwen3_5TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                            num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_num_key_heads=2,
+                            linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+                            linear_conv_kernel_dim=4, max_position_embeddings=64, tie_word_embeddings=True,
+                            layer_types=["linear_attention"] * 3 + ["full_attention"], pad_token_id=0)
+    torch.manual_seed(0)
+    lm = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
+    with torch.no_grad():  # non-trivial norm weights (zero-centred: 0 would be the identity scale)
+        for name, p in lm.named_parameters():
+            if "norm" in name:
+                p.normal_(0, 0.5)
+    return lm.model
+
+
+def _run(torso: torch.nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    ids = torch.arange(1, 25).reshape(2, 12) % 64
+    out = torso(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+    out.pow(2).mean().backward()
+    return out.detach(), {n: p.grad.clone() for n, p in torso.named_parameters() if p.grad is not None}
+
+
+def test_fused_chains_outside_the_context_are_the_models_numbers_bit_for_bit():
+    plain = _qwen35()
+    fused = copy.deepcopy(plain)
+    # per layer: input and post-attention norms and the MLP; the attention's q/k norms; the Gated
+    # DeltaNet layers' gated norm; the final norm
+    assert fuse_chains(fused) == 4 * 3 + 2 + 3 + 1
+    assert type(fused.layers[0].mlp).forward is type(plain.layers[0].mlp).forward  # classes untouched
+    out_p, grads_p = _run(plain)
+    out_f, grads_f = _run(fused)
+    assert torch.equal(out_p, out_f)
+    assert grads_p.keys() == grads_f.keys() and len(grads_p) > 20
+    assert all(torch.equal(grads_p[k], grads_f[k]) for k in grads_p)
+
+
+def _lora(torso: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    model = get_peft_model(torso, LoraConfig(r=4, lora_alpha=8, target_modules=["gate_proj", "up_proj", "down_proj"]))
+    with torch.no_grad():  # B starts at zero in peft: give the adapter a non-zero product to compare
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    return model
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_lora_is_peft_sum_with_an_fp32_adapter(dtype):
+    peft_model = _lora(_qwen35(dtype))
+    fused = copy.deepcopy(peft_model)
+    assert fuse_lora(fused) == 4 * 3
+    ids = torch.arange(1, 25).reshape(2, 12) % 64
+
+    def run(model):
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+        out.float().pow(2).mean().backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+        return out.detach().float(), grads
+
+    out_p, grads_p = run(peft_model)
+    out_f, grads_f = run(fused)
+    # the adapter stays fp32 (the optimizer's copy) and every one of its weights gets a gradient
+    assert all(p.dtype == torch.float32 for n, p in fused.named_parameters() if "lora_" in n)
+    assert set(grads_f) == set(grads_p) and all(g is not None and g.dtype == torch.float32 for g in grads_f.values())
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=0.05, atol=0.02)
+    torch.testing.assert_close(out_f, out_p, **tol)
+    for k in grads_p:
+        scale = grads_p[k].abs().max()
+        torch.testing.assert_close(grads_f[k] / scale, grads_p[k] / scale, **tol)
+    # adapter off (the frozen-KL forward): peft's own forward, the base model's numbers exactly
+    with peft_model.disable_adapter(), fused.disable_adapter(), torch.no_grad():
+        base_p = peft_model(input_ids=ids).last_hidden_state
+        base_f = fused(input_ids=ids).last_hidden_state
+    assert torch.equal(base_p, base_f)
+
+
+def test_the_settings_are_validated_and_auto_fuses_lora_for_bf16_only(config_factory, tmp_path):
+    path = config_factory(tmp_path / "train.yaml", tmp_path / "out")
+    with pytest.raises(ConfigError, match="lora_kernel 'triton' is not one of auto, peft, fused"):
+        load_train_config(path, ["lora_kernel=triton"])
+    with pytest.raises(ConfigError, match="'fused_chains' must be bool"):
+        load_train_config(path, ["fused_chains=maybe"])
+    assert lora_is_fused("auto", torch.bfloat16) and not lora_is_fused("auto", torch.float32)
+    assert lora_is_fused("fused", torch.float32) and not lora_is_fused("peft", torch.bfloat16)
+
+
+def test_a_cpu_run_with_fused_chains_trains_the_same_state(config_factory, tmp_path):
+    """On a CPU the chains run eagerly: a training step with ``fused_chains: true`` gives the
+    state dict of the run without, bit for bit (the trainer's fused_kernels block is CUDA only)."""
+    from hobson.decider.train import DeciderTrainRecipe
+
+    def trained(name: str, *sets: str) -> dict[str, torch.Tensor]:
+        cfg = load_train_config(config_factory(tmp_path / f"{name}.yaml", tmp_path / name),
+                                ["resume=false", "stop_after_steps=1", *sets])
+        recipe = DeciderTrainRecipe(cfg)
+        try:
+            recipe.setup()
+            assert recipe.train() == 0
+            rerouted[name] = sum("forward" in vars(m) for m in recipe.model.torso.modules())
+            return {k: v.detach().clone() for k, v in recipe.model.state_dict().items()}
+        finally:
+            recipe.cleanup()
+
+    rerouted: dict[str, int] = {}
+    plain = trained("plain")
+    fused = trained("fused", "fused_chains=true")
+    assert rerouted == {"plain": 0, "fused": rerouted["fused"]} and rerouted["fused"] > 0
+    assert list(fused) == list(plain)
+    assert all(torch.equal(fused[k], plain[k]) for k in plain)

@@ -10,7 +10,8 @@ setting (``gated_delta_rule`` in the training config):
 - ``auto``: transformers' choice; but fla whose forward + backward fails a small probe on this
   device (fla 0.6 + triton 3.6 on Hopper, any fla on a CPU) is replaced by the torch function.
   Beside fla's rule, the layers' causal convolution is fla's too (where transformers would run
-  its grouped ``conv1d`` fallback) when it passes its own probe against that fallback.
+  its grouped ``conv1d`` fallback) when it passes its own probe against that fallback
+  (``HOBSON_FLA_CONV=0``: transformers' convolution regardless).
 - ``torch``: the reference torch function.
 - ``compiled``: the reference torch function under ``torch.compile``.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -225,7 +227,9 @@ def select_gated_delta_rule(model: torch.nn.Module, setting: str, device: torch.
         choice.chunk_gated_delta_rule = "torch"
     originals = {m: getattr(m, FUNCTION) for m in modules}
     conv_originals: dict[Any, Any] = {}
-    if choice.chunk_gated_delta_rule == "fla" and choice.causal_conv1d == "torch":
+    # HOBSON_FLA_CONV=0 keeps transformers' convolution beside fla's rule (a bench's comparison)
+    if (choice.chunk_gated_delta_rule == "fla" and choice.causal_conv1d == "torch"
+            and os.environ.get("HOBSON_FLA_CONV", "1") != "0"):
         fla_conv = fla_causal_conv1d()
         error = probe_conv(fla_conv, device) if fla_conv is not None else "fla has no causal_conv1d"
         if error is None:

@@ -154,3 +154,15 @@ def test_grouping_by_tokens_pads_less_than_by_characters(tok_rows):
         return 1 - real / padded
 
     assert padding(tokens) < padding([row_length(r) for r in rows])
+
+
+def test_idle_ranks_are_those_assign_micro_batches_leaves_without_work():
+    """The DDP recipe's warning counts the ranks a step leaves idle: whole micro-batches go to
+    ranks, so with fewer micro-batches than ranks the rest wait (8 GPUs, grad_accum 2: six)."""
+    from hobson.decider.train import idle_ranks
+
+    for world in (2, 3, 8):
+        for accum in (1, 2, 3, 8, 16):
+            owners = assign_micro_batches([100 + k for k in range(accum)], world)
+            assert idle_ranks(world, accum) == world - len(set(owners)), (world, accum)
+    assert idle_ranks(8, 2) == 6 and idle_ranks(8, 8) == 0

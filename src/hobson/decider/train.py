@@ -87,6 +87,12 @@ class StepStats:
     seconds: float  # this rank's wall seconds: collation to optimizer step, the device synchronised
 
 
+def idle_ranks(world_size: int, grad_accum: int) -> int:
+    """Ranks with no micro-batch in any step: a step's ``grad_accum`` micro-batches are whole
+    units of work, handed to ranks (``assign_micro_batches``), never split between them."""
+    return max(0, world_size - grad_accum)
+
+
 def read_training_rows(paths: list[str]) -> list[dict[str, Any]]:
     """The concatenated training rows (their position is the teacher index ``i``)."""
     try:
@@ -259,6 +265,13 @@ class DeciderTrainRecipe:
         self.params = [p for _, p in self.named_params]
         if self.world_size > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
+
+            idle = idle_ranks(self.world_size, self.cfg.grad_accum)
+            if idle and self.is_main:  # stderr: the log's lines are what runs are compared by
+                sys.stderr.write(f"hobson: warning: grad_accum {self.cfg.grad_accum} is fewer micro-batches per "
+                                 f"step than the {self.world_size} ranks, so {idle} of them wait every step; set "
+                                 f"grad_accum to a multiple of {self.world_size} (and micro_batch_size to keep "
+                                 f"the rows per step) to use them all\n")
 
             # Every rank built identical weights from the same seed; buffers never change.
             self.ddp = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,

@@ -16,8 +16,9 @@ without compiling whole layers (whose warm-up did not finish in 250 s):
   ``fused`` for a bf16 torso, peft's own forward otherwise (fp32: CPU runs keep peft's numbers).
 - **Norm and activation chains** (``fused_chains``). Inside ``hobson.models.common.fused_kernels``
   (the trainer opens it for a CUDA step's forward and backward) each RMSNorm, Gated DeltaNet's gated
-  norm and the MLP's ``silu(gate) * up`` run as one compiled kernel each (for any length, so no
-  recompile per micro-batch shape), the fp32 round trip of a norm included. Outside it (CPU) they
+  norm and the MLP's ``silu(gate) * up`` run as one compiled kernel each (compiled for dynamic
+  shapes), the fp32 round trip of a norm included. Off by default: on an H200 the first step did
+  not finish in 145-200 s of compiling (docs/BENCHMARKS.md, session 19). Outside it (CPU) they
   run the eager operations the model's own code runs, in the same order, so the numbers are the
   model's bit for bit (tested).
 
@@ -32,7 +33,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from hobson.decider.config import LORA_KERNELS
 from hobson.models.common import fused, rms_norm, silu_mul
 
 # transformers' RMSNorm classes by formula: ``weight * norm(x)`` cast as Llama does, ``(1 + weight)``
@@ -141,4 +141,4 @@ def lora_is_fused(setting: str, dtype: torch.dtype) -> bool:
     return setting == "fused" or (setting == "auto" and dtype != torch.float32)
 
 
-__all__ = ["LORA_KERNELS", "centred_rms_norm", "fuse_chains", "fuse_lora", "gated_rms_norm", "lora_is_fused"]
+__all__ = ["centred_rms_norm", "fuse_chains", "fuse_lora", "gated_rms_norm", "lora_is_fused"]

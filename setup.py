@@ -21,6 +21,9 @@ CORE = [
 TRAIN = ["peft>=0.13", "accelerate>=1.0", "tensorboard>=2.14"]
 RL = ["deepspeed>=0.15", "math-verify>=0.7", "tensorboard>=2.14"]
 AWS = ["boto3>=1.34"]
+# `gpu`: the Triton kernels a CUDA training step picks up when they import (gated_delta_rule: auto,
+# chain_kernel: auto); a CPU host has no use for them
+GPU = ["flash-linear-attention>=0.6", "liger-kernel>=0.8.5"]
 # `serve`: an ASGI framework and its server; httpx is what the tests talk to it with
 SERVE = ["starlette>=0.37", "uvicorn>=0.30"]
 # pytest-timeout: a hung test fails on its own (with its stacks) instead of stalling CI to its limit
@@ -55,6 +58,7 @@ setup(
         "train": TRAIN,
         "rl": RL,
         "aws": AWS,
+        "gpu": GPU,
         "serve": TRAIN + SERVE,
         "dev": DEV + TRAIN + RL + AWS + SERVE,
         "all": TRAIN + RL + AWS + SERVE + DEV,

@@ -516,7 +516,8 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
             setup_start = time.perf_counter()
             recipe.setup()
             setup_s = time.perf_counter() - setup_start
-            log(f"train: Gated DeltaNet path {recipe.kernels}")
+            log(f"train: Gated DeltaNet path {recipe.kernels}; chains {recipe.model.chain_kernel}")
+            chain_kernel = recipe.model.chain_kernel
             torso = recipe.model.torso
             n_base = sum(p.numel() for n, p in torso.named_parameters() if "lora_" not in n)
             n_mm, n_lora = matmul_params(torso), matmul_params(torso, lora=True)
@@ -555,7 +556,8 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
                    "grad_accum": cfg.grad_accum, "lora_r": cfg.lora_r, "lora_targets": list(cfg.lora_targets),
                    "gradient_checkpointing": cfg.gradient_checkpointing, "kl_frozen_weight": cfg.kl_frozen_weight,
                    "frozen_forward_per_micro_batch": frozen_forward, "max_length": cfg.max_length,
-                   "attn_implementation": cfg.attn_implementation},
+                   "attn_implementation": cfg.attn_implementation, "lora_kernel": cfg.lora_kernel,
+                   "chain_kernel": chain_kernel},
         "gated_deltanet": gdn,
         "setup_s": round(setup_s, 2), "warmup_steps": warmup, "warmup_s": round(warmup_s, 2),
         "steps": len(window), "wall_s": round(wall, 3), "rows": rows, "tokens": tokens, "padded_tokens": padded,
@@ -609,6 +611,7 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
          f"{gdn['chunk_gated_delta_rule']}{' + torch.compile' if gdn.get('compiled') else ''} ({gdn['calls']} calls)"
          f" / {gdn.get('causal_conv1d')}" + (" (fla backward failed: torch instead)" if gdn.get("fla_backward_error")
                                              else "")),
+        ("LoRA kernel / norm and SwiGLU chains", f"{cfg.lora_kernel} / {chain_kernel}"),
         ("micro-batch x accum / gradient checkpointing / frozen forward",
          f"{cfg.micro_batch_size} x {cfg.grad_accum} / {cfg.gradient_checkpointing} / {frozen_forward}"),
         ("timed steps / wall s (warm-up s)", f"{len(window)} / {fig['wall_s']} ({fig['warmup_s']})"),

@@ -1,4 +1,4 @@
-"""``lora_kernel`` and ``fused_chains`` (hobson.decider.fusion): what they reroute, and that the
+"""``lora_kernel`` and ``chain_kernel`` (hobson.decider.fusion): what they reroute, and that the
 numbers stay the model's: the chains bit for bit outside ``fused_kernels`` (CPU), the fused LoRA
 the same sum as peft's within rounding, its adapter fp32 and trained."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hobson.decider.config import load_train_config
-from hobson.decider.fusion import fuse_chains, fuse_lora, lora_is_fused
+from hobson.decider.fusion import fuse_chains, fuse_lora, liger_functions, lora_is_fused, resolve_chain_kernel
 from hobson.errors import ConfigError
 
 
@@ -111,14 +111,16 @@ def test_the_settings_are_validated_and_auto_fuses_lora_for_bf16_only(config_fac
     path = config_factory(tmp_path / "train.yaml", tmp_path / "out")
     with pytest.raises(ConfigError, match="lora_kernel 'triton' is not one of auto, peft, fused"):
         load_train_config(path, ["lora_kernel=triton"])
-    with pytest.raises(ConfigError, match="'fused_chains' must be bool"):
-        load_train_config(path, ["fused_chains=maybe"])
+    with pytest.raises(ConfigError, match="chain_kernel 'maybe' is not one of auto, eager, liger, compiled"):
+        load_train_config(path, ["chain_kernel=maybe"])
+    with pytest.raises(ConfigError, match="Unknown key.*fused_chains|fused_chains"):  # retired: chain_kernel
+        load_train_config(path, ["fused_chains=true"])
     assert lora_is_fused("auto", torch.bfloat16) and not lora_is_fused("auto", torch.float32)
     assert lora_is_fused("fused", torch.float32) and not lora_is_fused("peft", torch.bfloat16)
 
 
-def test_a_cpu_run_with_fused_chains_trains_the_same_state(config_factory, tmp_path):
-    """On a CPU the chains run eagerly: a training step with ``fused_chains: true`` gives the
+def test_a_cpu_run_with_compiled_chains_trains_the_same_state(config_factory, tmp_path):
+    """On a CPU the chains run eagerly: a training step with ``chain_kernel: compiled`` gives the
     state dict of the run without, bit for bit (the trainer's fused_kernels block is CUDA only)."""
     from hobson.decider.train import DeciderTrainRecipe
 
@@ -136,7 +138,7 @@ def test_a_cpu_run_with_fused_chains_trains_the_same_state(config_factory, tmp_p
 
     rerouted: dict[str, int] = {}
     plain = trained("plain")
-    fused = trained("fused", "fused_chains=true")
+    fused = trained("fused", "chain_kernel=compiled")
     assert list(fused) == list(plain)
     assert all(torch.equal(fused[k], plain[k]) for k in plain)
     # fp32 keeps peft's LoRA under auto; lora_kernel: fused trains through the fused forward in a
@@ -146,3 +148,32 @@ def test_a_cpu_run_with_fused_chains_trains_the_same_state(config_factory, tmp_p
     assert list(lora) == list(plain)
     for k in plain:
         torch.testing.assert_close(lora[k], plain[k], rtol=0, atol=2e-3)  # within one Adam step of lr 1e-3
+
+
+def test_chain_kernel_resolves_to_what_can_run_here():
+    """``auto`` is liger only for a 16-bit torso on CUDA where liger-kernel imports; an explicit
+    liger that cannot run is one clear error, not a fallback."""
+    liger = liger_functions() is not None
+    assert resolve_chain_kernel("auto", "cpu", torch.bfloat16) == "eager"
+    assert resolve_chain_kernel("auto", "cuda", torch.float32) == "eager"
+    assert resolve_chain_kernel("auto", "cuda", torch.bfloat16) == ("liger" if liger else "eager")
+    assert resolve_chain_kernel("compiled", "cpu", torch.float32) == "compiled"
+    with pytest.raises(ConfigError, match="chain_kernel: liger runs Triton kernels on CUDA only.*set chain_kernel"):
+        resolve_chain_kernel("liger", "cpu", torch.float32)
+    if not liger:
+        with pytest.raises(ConfigError, match="needs the liger-kernel package"):
+            resolve_chain_kernel("liger", "cuda", torch.bfloat16)
+
+
+def test_liger_chains_given_cpu_tensors_are_the_models_numbers_bit_for_bit():
+    """The liger forwards hand a CPU tensor to the module's own forward: outputs and gradients of a
+    rerouted torso equal the plain torso's exactly (the Triton kernels are tested on a GPU)."""
+    plain = _qwen35()
+    routed = copy.deepcopy(plain)
+    n = fuse_chains(routed, "liger")
+    assert n == sum(type(m).__name__ in ("Qwen3_5RMSNorm", "Qwen3_5RMSNormGated", "Qwen3_5MLP")
+                    for m in plain.modules())
+    out_p, grads_p = _run(plain)
+    out_r, grads_r = _run(routed)
+    assert torch.equal(out_p, out_r)
+    assert grads_p.keys() == grads_r.keys() and all(torch.equal(grads_p[k], grads_r[k]) for k in grads_p)

@@ -24,6 +24,7 @@ ON_USR2 = ("exit", "continue")
 DEVICES = ("auto", "cpu", "cuda")
 GATED_DELTA_RULES = ("auto", "torch", "compiled")  # hobson.decider.kernels
 LORA_KERNELS = ("auto", "peft", "fused")  # hobson.decider.fusion
+CHAIN_KERNELS = ("auto", "eager", "liger", "compiled")  # hobson.decider.fusion
 TORSO_INITS = ("pretrained", "random")
 
 # Keys that steer a run but not what it computes: a resumed run may change them. Every other key
@@ -31,7 +32,8 @@ TORSO_INITS = ("pretrained", "random")
 RUN_CONTROL_KEYS = frozenset({
     "output_dir", "checkpoint_every", "keep_checkpoints", "on_usr2", "stop_after_steps",
     "eval_every", "val_batch_size", "log_every", "num_threads", "resume", "trace_dir", "device",
-    "val_file", "gated_delta_rule", "compile_layers", "lora_kernel", "fused_chains",
+    "val_file", "gated_delta_rule", "compile_layers", "lora_kernel", "chain_kernel",
+    "fused_chains",  # retired (chain_kernel: compiled): checkpoints written with it still resume
 })
 # Keys added after checkpoints were first written: a checkpoint's config without one was trained
 # with this value (what every run did before the key existed), so resuming it is no conflict.
@@ -144,9 +146,10 @@ class TrainConfig:
     # LoRA's forward (hobson.decider.fusion): peft's, or fused (the adapter's product in the torso's
     # dtype, its add inside the GEMM); auto: fused for a bf16 torso, peft's in fp32
     lora_kernel: str = "auto"
-    # Norms, the gated norm and silu(gate) * up as one compiled kernel each in a CUDA step (eager,
-    # the model's own numbers, on a CPU)
-    fused_chains: bool = False
+    # Norms, the gated norm and silu(gate) * up as one kernel each in a CUDA step: liger's Triton
+    # kernels or hobson's compiled chains; auto: liger for a bf16 torso on CUDA where it imports;
+    # eager (the model's own numbers) on a CPU
+    chain_kernel: str = "auto"
     trace_dir: str | None = None  # debug: per-step all-reduced gradients and rendered token ids
 
     def __post_init__(self) -> None:
@@ -165,6 +168,8 @@ class TrainConfig:
             problems.append(f"gated_delta_rule {self.gated_delta_rule!r} is not one of {', '.join(GATED_DELTA_RULES)}")
         if self.lora_kernel not in LORA_KERNELS:
             problems.append(f"lora_kernel {self.lora_kernel!r} is not one of {', '.join(LORA_KERNELS)}")
+        if self.chain_kernel not in CHAIN_KERNELS:
+            problems.append(f"chain_kernel {self.chain_kernel!r} is not one of {', '.join(CHAIN_KERNELS)}")
         if self.torso_init not in TORSO_INITS:
             problems.append(f"torso_init {self.torso_init!r} is not one of {', '.join(TORSO_INITS)}")
         for key in ("epochs", "micro_batch_size", "grad_accum", "max_length", "pointer_dim", "num_slots",

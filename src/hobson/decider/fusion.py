@@ -1,5 +1,5 @@
 """Fewer, larger kernels for a LoRA torso's training step on a GPU (settings ``lora_kernel`` and
-``fused_chains``).
+``chain_kernel``).
 
 Why: a profile of a bf16 Qwen3.5-2B-shaped step (docs/BENCHMARKS.md, "Decider training on fla's
 kernels") spent half its kernel time in elementwise and copy/cast kernels, 16k kernels a step,
@@ -10,17 +10,20 @@ without compiling whole layers (whose warm-up did not finish in 250 s):
   ``result + lora_B(lora_A(x.float())) * scaling`` per projection: a cast of ``x``, two fp32
   products, then a scale, an add and a cast back over the whole ``(tokens, out)`` output, and
   their backward, on seven projections per layer. ``fused`` computes the same sum in the torso's
-  dtype as ``result += (x @ A^T) @ (scaling * B)^T``, the add inside the second product's GEMM
-  (``addmm_``, in place on the frozen product's output). The adapter's weights stay fp32 (the
-  optimizer's copy); only their product runs in bf16, as the frozen weights' does. ``auto``:
-  ``fused`` for a bf16 torso, peft's own forward otherwise (fp32: CPU runs keep peft's numbers).
-- **Norm and activation chains** (``fused_chains``). Inside ``hobson.models.common.fused_kernels``
-  (the trainer opens it for a CUDA step's forward and backward) each RMSNorm, Gated DeltaNet's gated
-  norm and the MLP's ``silu(gate) * up`` run as one compiled kernel each (compiled for dynamic
-  shapes), the fp32 round trip of a norm included. Off by default: on an H200 the first step did
-  not finish in 145-200 s of compiling (docs/BENCHMARKS.md, session 19). Outside it (CPU) they
-  run the eager operations the model's own code runs, in the same order, so the numbers are the
-  model's bit for bit (tested).
+  dtype as ``result + (x @ A^T) @ (scaling * B)^T``, the add inside the second product's GEMM
+  (``addmm``). The adapter's weights stay fp32 (the optimizer's copy); only their product runs in
+  bf16, as the frozen weights' does. ``auto``: ``fused`` for a bf16 torso, peft's own forward
+  otherwise (fp32: CPU runs keep peft's numbers).
+- **Norm and activation chains** (``chain_kernel``). An RMSNorm is eight kernels forward and a
+  dozen backward through fp32 copies of its input, ``silu(gate) * up`` three and four. ``liger``
+  runs each as one Triton kernel forward and one backward (the liger-kernel package's
+  ``LigerRMSNormFunction`` and ``LigerSiLUMulFunction``; no compile step, so no warm-up);
+  ``compiled`` runs them as hobson's ``@fused`` functions, compiled inside
+  ``hobson.models.common.fused_kernels`` (the trainer opens it for a CUDA step; its inductor
+  compiles did not finish a first step in 145-200 s on an H200, docs/BENCHMARKS.md session 19);
+  ``eager`` is the model's own code. ``auto``: ``liger`` for a 16-bit torso on CUDA when
+  liger-kernel imports, ``eager`` otherwise. A liger forward given a CPU tensor runs the model's
+  own code, so the numbers off the GPU are the model's bit for bit.
 
 Both change rounding only; a run records them as run control, like ``gated_delta_rule``.
 """
@@ -33,7 +36,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from hobson.errors import ConfigError
 from hobson.models.common import fused, rms_norm, silu_mul
+
+CHAIN_KERNELS = ("auto", "eager", "liger", "compiled")
 
 # transformers' RMSNorm classes by formula: ``weight * norm(x)`` cast as Llama does, ``(1 + weight)``
 # zero-centred (Qwen3.5 / Qwen3-Next), and the gated norm of their Gated DeltaNet layers
@@ -80,20 +86,87 @@ def _is_silu(act: Any) -> bool:
     return isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation"
 
 
-def fuse_chains(torso: nn.Module) -> int:
-    """Route ``torso``'s norms and gated MLPs through the fusable functions above (per instance:
-    the classes stay untouched); returns how many modules were rerouted."""
+def liger_functions() -> tuple[Any, Any] | None:
+    """liger-kernel's ``(LigerRMSNormFunction, LigerSiLUMulFunction)``, or None where it does not
+    import (not installed; no Triton, as on a CPU-only host)."""
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+    except Exception:  # ImportError, or Triton failing to find a GPU driver at import
+        return None
+    return LigerRMSNormFunction, LigerSiLUMulFunction
+
+
+def resolve_chain_kernel(setting: str, device: torch.device | str, dtype: torch.dtype) -> str:
+    """What ``chain_kernel`` means here: ``eager``, ``liger`` or ``compiled`` (``auto``: ``liger``
+    for a 16-bit torso on CUDA when liger-kernel imports). An explicit ``liger`` that cannot run is
+    a :class:`ConfigError` naming what to change."""
+    if setting not in CHAIN_KERNELS:
+        raise ConfigError(f"chain_kernel {setting!r} is not one of {', '.join(CHAIN_KERNELS)}")
+    cuda = torch.device(device).type == "cuda"
+    if setting == "auto":
+        return "liger" if cuda and dtype != torch.float32 and liger_functions() is not None else "eager"
+    if setting == "liger":
+        if not cuda:
+            raise ConfigError(f"chain_kernel: liger runs Triton kernels on CUDA only, and this run's device is "
+                              f"{torch.device(device).type}; set chain_kernel: auto or eager")
+        if liger_functions() is None:
+            raise ConfigError("chain_kernel: liger needs the liger-kernel package (pip install liger-kernel), "
+                              "which does not import here; install it or set chain_kernel: auto")
+    return setting
+
+
+def _liger_plain_norm_forward(self: nn.Module, x: Tensor) -> Tensor:
+    if not x.is_cuda:
+        return type(self).forward(self, x)
+    # "llama" casting: the normalised x cast back to x's dtype, then times the weight (Llama's order)
+    return liger_functions()[0].apply(x, self.weight, self.variance_epsilon, 0.0, "llama", False)
+
+
+def _liger_centred_norm_forward(self: nn.Module, x: Tensor) -> Tensor:
+    if not x.is_cuda:
+        return type(self).forward(self, x)
+    # "gemma" casting with offset 1: norm(x) * (1 + weight) all in fp32, cast once (Qwen3.5's order)
+    return liger_functions()[0].apply(x, self.weight, self.eps, 1.0, "gemma", False)
+
+
+def _liger_gated_norm_forward(self: nn.Module, x: Tensor, gate: Tensor) -> Tensor:
+    if not x.is_cuda:
+        return type(self).forward(self, x, gate)
+    rms, silu_and_mul = liger_functions()
+    # weight * norm(x) in x's dtype (as the model's), then silu(gate) * that; the model keeps the
+    # product in fp32 until its one cast, here silu(gate) is rounded to x's dtype first
+    return silu_and_mul.apply(gate, rms.apply(x, self.weight, self.variance_epsilon, 0.0, "llama", False))
+
+
+def _liger_mlp_forward(self: nn.Module, x: Tensor) -> Tensor:
+    if not x.is_cuda:
+        return type(self).forward(self, x)
+    return self.down_proj(liger_functions()[1].apply(self.gate_proj(x), self.up_proj(x)))
+
+
+# the forwards each kernel choice installs: plain norm, centred norm, gated norm, gated MLP
+_FORWARDS = {
+    "compiled": (_plain_norm_forward, _centred_norm_forward, _gated_norm_forward, _mlp_forward),
+    "liger": (_liger_plain_norm_forward, _liger_centred_norm_forward, _liger_gated_norm_forward, _liger_mlp_forward),
+}
+
+
+def fuse_chains(torso: nn.Module, kernel: str = "compiled") -> int:
+    """Route ``torso``'s norms and gated MLPs through ``kernel``'s chains (``compiled`` or
+    ``liger``; per instance: the classes stay untouched); returns how many modules were rerouted."""
+    plain, centred, gated, mlp = _FORWARDS[kernel]
     n = 0
     for m in torso.modules():
         name = type(m).__name__
         if name in PLAIN_NORMS and hasattr(m, "variance_epsilon"):
-            m.forward = types.MethodType(_plain_norm_forward, m)
+            m.forward = types.MethodType(plain, m)
         elif name in CENTRED_NORMS and hasattr(m, "eps"):
-            m.forward = types.MethodType(_centred_norm_forward, m)
+            m.forward = types.MethodType(centred, m)
         elif name in GATED_NORMS and getattr(m, "activation", None) == "silu":
-            m.forward = types.MethodType(_gated_norm_forward, m)
+            m.forward = types.MethodType(gated, m)
         elif all(hasattr(m, k) for k in ("gate_proj", "up_proj", "down_proj")) and _is_silu(getattr(m, "act_fn", None)):
-            m.forward = types.MethodType(_mlp_forward, m)
+            m.forward = types.MethodType(mlp, m)
         else:
             continue
         n += 1
@@ -114,12 +187,12 @@ def _fused_lora_forward(self: nn.Module, x: Tensor, *args: Any, **kwargs: Any) -
         return type(self).forward(self, x, *args, **kwargs)
     a = active[0]
     result = self.base_layer(x)
-    if not result.is_contiguous():
-        result = result.contiguous()
     h = nn.functional.linear(x, self.lora_A[a].weight.to(x.dtype))
     update = (self.lora_B[a].weight * self.scaling[a]).to(result.dtype)
-    result.view(-1, result.shape[-1]).addmm_(h.reshape(-1, h.shape[-1]), update.t())
-    return result
+    # out of place: an in-place add on a view of the frozen product makes autograd clone and copy
+    # the whole (tokens, out) gradient in the backward
+    out = torch.addmm(result.reshape(-1, result.shape[-1]), h.reshape(-1, h.shape[-1]), update.t())
+    return out.view(result.shape)
 
 
 def fuse_lora(torso: nn.Module) -> int:
@@ -141,4 +214,5 @@ def lora_is_fused(setting: str, dtype: torch.dtype) -> bool:
     return setting == "fused" or (setting == "auto" and dtype != torch.float32)
 
 
-__all__ = ["centred_rms_norm", "fuse_chains", "fuse_lora", "gated_rms_norm", "lora_is_fused"]
+__all__ = ["CHAIN_KERNELS", "centred_rms_norm", "fuse_chains", "fuse_lora", "gated_rms_norm", "liger_functions",
+           "lora_is_fused", "resolve_chain_kernel"]

@@ -21,7 +21,7 @@ from torch import nn
 
 from hobson.attention import varying_shape_sdpa
 from hobson.decider.collate import Batch
-from hobson.decider.fusion import fuse_chains, fuse_lora, lora_is_fused
+from hobson.decider.fusion import fuse_chains, fuse_lora, lora_is_fused, resolve_chain_kernel
 from hobson.errors import ConfigError, DataError
 from hobson.labels.prompt import MAX_OPTIONS, letter_token_ids
 
@@ -108,13 +108,17 @@ class Decider(nn.Module):
         self.letter_ids = letter_ids
         # False when the frozen-KL targets were precomputed before step 1 (no second forward).
         self.compute_frozen = True
+        self.chain_kernel = "eager"  # what build_decider resolved chain_kernel to (run control)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
 
     def _hidden(self, batch: Batch) -> torch.Tensor:
         with varying_shape_sdpa():
-            return self.torso(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+            # use_cache=False: transformers otherwise builds a cache on every forward (the config's
+            # default), storing each layer's keys, values and recurrent states that nothing reads
+            return self.torso(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                              use_cache=False).last_hidden_state
 
     def forward(self, batch: Batch | None) -> dict[str, torch.Tensor | None]:
         if batch is None:
@@ -277,11 +281,13 @@ def build_decider(cfg: Any, tokenizer: Any, device: torch.device | str = "cpu") 
                 p.requires_grad_(False)
         if lora_is_fused(cfg.lora_kernel, dtype):
             fuse_lora(torso)
-    if cfg.fused_chains:
-        fuse_chains(torso)
+    chains = resolve_chain_kernel(cfg.chain_kernel, device, dtype)
+    if chains != "eager":
+        fuse_chains(torso, chains)
     hidden = torso.config.hidden_size
     head = build_head(cfg.head_type, hidden, pointer_dim=cfg.pointer_dim, num_slots=cfg.num_slots,
                       head_hidden=cfg.head_hidden, ensemble=cfg.head_ensemble)
     letter_ids = letter_token_ids(tokenizer) if lm_w is not None else None
     model = Decider(torso, head, use_lora=cfg.use_lora, lm_head_weight=lm_w, letter_ids=letter_ids, softcap=softcap)
+    model.chain_kernel = chains
     return model.to(device)

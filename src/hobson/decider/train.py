@@ -247,6 +247,7 @@ class DeciderTrainRecipe:
         self.kernels = self._contexts.enter_context(
             select_gated_delta_rule(self.model.torso, self.cfg.gated_delta_rule, self.device,
                                     compile_backend=self.compile_backend, opaque=self.cfg.compile_layers))
+        self._log({"chain_kernel": self.model.chain_kernel})
         if self.kernels is not None:  # only for torsos with Gated DeltaNet layers
             self._log({"gated_delta_rule": {k: v for k, v in self.kernels.as_dict().items() if k != "calls"}})
         if self.cfg.compile_layers:  # before DDP wraps the model: DDP then sees the compiled layers
@@ -447,7 +448,7 @@ class DeciderTrainRecipe:
         if not batches:
             self.ddp(None)["zero"].backward()
         # over the backward too: checkpointing recomputes there, with the forward's kernels
-        chains = fused_kernels(on=self.cfg.fused_chains and self.device.type == "cuda", dynamic=True)
+        chains = fused_kernels(on=self.model.chain_kernel == "compiled" and self.device.type == "cuda", dynamic=True)
         for j, batch in enumerate(batches):
             last = j == len(batches) - 1
             sync = contextlib.nullcontext() if last or self.world_size == 1 else self.ddp.no_sync()

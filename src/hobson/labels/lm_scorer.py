@@ -75,6 +75,7 @@ class LMOptionScorer:
                 attention_mask=mask.to(self.device),
                 position_ids=positions.to(self.device),
                 logits_to_keep=1,
+                use_cache=False,  # no cache for one forward (the config's default builds one)
             ).logits[:, -1, :]  # (B, V): the next-token logits after each row's last real token
             # one copy to the host per batch; a softmax per row on the device would wait on it per row
             letters = logits[:, self.letter_ids].float().cpu()  # (B, 26)

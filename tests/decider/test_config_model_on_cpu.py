@@ -70,6 +70,16 @@ def test_frozen_readout_is_the_base_lm_with_adapter_disabled(decider_data, confi
     with torch.no_grad(), model.torso.disable_adapter():
         base = model.torso(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
     assert not torch.allclose(student, base)
+    # the decider's own switch (no status report, no requires_grad reset) is peft's, bit for bit,
+    # and leaves the adapter on and trainable after the block
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    with torch.no_grad(), model.adapters_off():
+        off = model.torso(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+    assert torch.equal(off, base)
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == trainable and trainable
+    with torch.no_grad():
+        again = model.torso(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+    assert torch.equal(again, student)
 
 
 def test_pointer_head_takes_any_option_count_slot_head_refuses(decider_data, config_factory, tmp_path):

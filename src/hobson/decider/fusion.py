@@ -10,8 +10,8 @@ without compiling whole layers (whose warm-up did not finish in 250 s):
   ``result + lora_B(lora_A(x.float())) * scaling`` per projection: a cast of ``x``, two fp32
   products, then a scale, an add and a cast back over the whole ``(tokens, out)`` output, and
   their backward, on seven projections per layer. ``fused`` computes the same sum in the torso's
-  dtype as ``result + (x @ A^T) @ (scaling * B)^T``, the add inside the second product's GEMM
-  (``addmm``). The adapter's weights stay fp32 (the optimizer's copy); only their product runs in
+  dtype as ``result + scaling * (x @ A^T) @ B^T``, the add and the scaling inside the second
+  product's GEMM (``addmm``). The adapter's weights stay fp32 (the optimizer's copy); only their product runs in
   bf16, as the frozen weights' does. ``auto``: ``fused`` for a bf16 torso, peft's own forward
   otherwise (fp32: CPU runs keep peft's numbers).
 - **Norm and activation chains** (``chain_kernel``). An RMSNorm is eight kernels forward and a
@@ -173,25 +173,37 @@ def fuse_chains(torso: nn.Module, kernel: str = "compiled") -> int:
     return n
 
 
+def _plain_adapter(self: nn.Module) -> str | None:
+    """The one active adapter's name when it is plain (no dropout, variant or bias, over an
+    ``nn.Linear``), else None; decided once per set of active adapters (the checks cost more host
+    time than the adapter's kernels take to launch, on every projection of every forward)."""
+    key = tuple(self.active_adapters)
+    cached = self.__dict__.get("_hobson_plain_adapter")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    active = [a for a in key if a in self.lora_A]
+    plain = (len(active) == 1 and isinstance(self.base_layer, nn.Linear)
+             and active[0] not in getattr(self, "lora_variant", {})
+             and isinstance(self.lora_dropout[active[0]], nn.Identity)
+             and self.lora_A[active[0]].bias is None and self.lora_B[active[0]].bias is None)
+    name = active[0] if plain else None
+    self.__dict__["_hobson_plain_adapter"] = (key, name)
+    return name
+
+
 def _fused_lora_forward(self: nn.Module, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
     """peft's ``lora.Linear.forward`` for one plain adapter, its add inside the second GEMM; any
     other case (adapter off or merged, dropout, DoRA and other variants, several adapters, extra
     arguments) is peft's own forward."""
-    active = [a for a in self.active_adapters if a in self.lora_A]
-    plain = (len(active) == 1 and isinstance(self.base_layer, nn.Linear) and not args and not kwargs
-             and not self.disable_adapters and not self.merged
-             and active[0] not in getattr(self, "lora_variant", {})
-             and isinstance(self.lora_dropout[active[0]], nn.Identity)
-             and self.lora_A[active[0]].bias is None and self.lora_B[active[0]].bias is None)
-    if not plain:
+    a = None if args or kwargs or self.disable_adapters or self.merged else _plain_adapter(self)
+    if a is None:
         return type(self).forward(self, x, *args, **kwargs)
-    a = active[0]
     result = self.base_layer(x)
     h = nn.functional.linear(x, self.lora_A[a].weight.to(x.dtype))
-    update = (self.lora_B[a].weight * self.scaling[a]).to(result.dtype)
     # out of place: an in-place add on a view of the frozen product makes autograd clone and copy
-    # the whole (tokens, out) gradient in the backward
-    out = torch.addmm(result.reshape(-1, result.shape[-1]), h.reshape(-1, h.shape[-1]), update.t())
+    # the whole (tokens, out) gradient in the backward; the scaling is the GEMM's alpha (no kernel)
+    out = torch.addmm(result.reshape(-1, result.shape[-1]), h.reshape(-1, h.shape[-1]),
+                      self.lora_B[a].weight.to(result.dtype).t(), alpha=self.scaling[a])
     return out.view(result.shape)
 
 

@@ -1,6 +1,6 @@
 """``chain_kernel: liger`` and the fused LoRA on a GPU: liger's Triton norm and SwiGLU kernels
-give the model's outputs and gradients within bf16 rounding (the CPU tests show the routing and
-that CPU tensors keep the model's numbers exactly)."""
+are as accurate as the model's own bf16 code, measured against the same model in fp32 (the CPU
+tests show the routing and that CPU tensors keep the model's numbers exactly)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from hobson.decider.fusion import fuse_chains, fuse_lora, liger_functions
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
-def _torso(kind: str) -> torch.nn.Module:
-    """A small bf16 torso on the GPU: Qwen3.5 (centred and gated norms) or Qwen3 (plain norms)."""
+def _torso(kind: str, dtype: torch.dtype = torch.bfloat16, device: str = "cuda") -> torch.nn.Module:
+    """A small torso (bf16 on the GPU unless asked): Qwen3.5 (centred and gated norms) or Qwen3
+    (plain norms)."""
     from transformers import AutoModelForCausalLM, Qwen3_5TextConfig, Qwen3Config
 
     common = dict(vocab_size=256, hidden_size=256, intermediate_size=768, num_attention_heads=4,
@@ -27,17 +28,17 @@ def _torso(kind: str) -> torch.nn.Module:
     else:
         cfg = Qwen3Config(**common, num_hidden_layers=2)
     torch.manual_seed(0)
-    lm = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
+    lm = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa")
     with torch.no_grad():
         for name, p in lm.named_parameters():
             if "norm" in name:
                 p.normal_(0, 0.5)
-    return lm.model
+    return lm.model.to(device=device, dtype=dtype)  # the same weights, whatever the dtype
 
 
 def _run(torso: torch.nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(1, 256, (4, 48), generator=g).cuda()
+    ids = torch.randint(1, 256, (4, 48), generator=g).to(next(torso.parameters()).device)
     mask = torch.ones_like(ids)
     mask[1, 40:] = 0
     out = torso(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
@@ -45,20 +46,42 @@ def _run(torso: torch.nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]
     return out.detach().float(), {n: p.grad.float() for n, p in torso.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("kind", ["qwen3_5", "qwen3"])
-def test_liger_chains_match_the_model_within_bf16_rounding(kind):
-    assert liger_functions() is not None, "liger-kernel does not import on this GPU host (pip install liger-kernel)"
-    plain = _torso(kind)
+def _error(got: torch.Tensor, truth: torch.Tensor) -> float:
+    """Largest deviation from the fp32 run, relative to the fp32 tensor's largest entry."""
+    return ((got - truth).abs().max() / truth.abs().max().clamp(min=1e-12)).item()
+
+
+def liger_against_fp32(kind: str, dtype: torch.dtype, device: str, fuse) -> tuple[dict, dict]:
+    """Each output's and gradient's error against the fp32 model, for the model's own 16-bit code
+    and for the liger-routed copy (``fuse`` routes a torso): ``({name: model}, {name: liger})``."""
+    truth = _torso(kind, torch.float32, device)
+    plain = _torso(kind, dtype, device)
     routed = copy.deepcopy(plain)
-    assert fuse_chains(routed, "liger") > 0
-    out_p, grads_p = _run(plain)
-    out_r, grads_r = _run(routed)
-    scale = out_p.abs().max()
-    torch.testing.assert_close(out_r / scale, out_p / scale, rtol=0, atol=2e-2)
-    assert grads_p.keys() == grads_r.keys() and len(grads_p) > 10
-    for k in grads_p:  # every weight's gradient (norm weights included), relative to its largest entry
-        s = grads_p[k].abs().max().clamp(min=1e-12)
-        torch.testing.assert_close(grads_r[k] / s, grads_p[k] / s, rtol=0, atol=5e-2, msg=k)
+    assert fuse(routed) > 0
+    (o32, g32), (op, gp), (orr, gr) = _run(truth), _run(plain), _run(routed)
+    assert g32.keys() == gp.keys() == gr.keys() and len(g32) > 10
+    model = {"out": _error(op, o32)} | {k: _error(gp[k], g32[k]) for k in g32}
+    liger = {"out": _error(orr, o32)} | {k: _error(gr[k], g32[k]) for k in g32}
+    return model, liger
+
+
+def assert_as_accurate(model: dict, liger: dict, unit: float) -> None:
+    """liger's error stays of the model's own order, tensor by tensor and on average. A plain
+    "close to the bf16 model" bound does not hold: the gated delta rule's decay parameters
+    (dt_bias, A_log: a few numbers summing every token's contribution with cancellation) amplify
+    any rounding difference, so the model's own bf16 gradient for them is ~15% off its fp32
+    gradient and a liger run lands elsewhere in that range (the TRITON_INTERPRET=1 run of these
+    kernels in fp16 on CPU: worst tensor 3.3x the model's error, mean 1.5x)."""
+    for k in model:
+        assert liger[k] <= 4 * model[k] + 4 * unit, (k, liger[k], model[k])
+    assert sum(liger.values()) <= 2 * sum(model.values()) + unit, (sum(liger.values()), sum(model.values()))
+
+
+@pytest.mark.parametrize("kind", ["qwen3_5", "qwen3"])
+def test_liger_chains_are_as_accurate_as_the_model_in_bf16(kind):
+    assert liger_functions() is not None, "liger-kernel does not import on this GPU host (pip install liger-kernel)"
+    model, liger = liger_against_fp32(kind, torch.bfloat16, "cuda", lambda t: fuse_chains(t, "liger"))
+    assert_as_accurate(model, liger, unit=2.0**-8)
 
 
 def test_fused_lora_on_the_gpu_is_peft_sum_within_bf16_rounding():

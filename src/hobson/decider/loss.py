@@ -107,7 +107,9 @@ def decider_loss(
     total = (w * ce).sum()
     zero = torch.zeros((), device=logits.device)
     kl_t = zero
-    if teacher is not None and has_teacher is not None and kl_teacher_weight > 0 and bool(has_teacher.any()):
+    if teacher is not None and has_teacher is not None and kl_teacher_weight > 0:
+        # no "does any row have a teacher" branch: reading that back is a device sync per
+        # micro-batch, and rows without one add exactly 0 (their teacher row is all zeros)
         kl_t = (kl_rows(teacher, logp, mask, kl_direction) * has_teacher.float()).sum()
         total = total + kl_teacher_weight * kl_t
     kl_f = zero

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hobson.attention import varying_shape_sdpa
+from hobson.attention import mask_mapping, supports_mask_mapping, varying_shape_sdpa
 from hobson.decider.collate import Batch
 from hobson.decider.fusion import fuse_chains, fuse_lora, lora_is_fused, resolve_chain_kernel
 from hobson.errors import ConfigError, DataError
@@ -118,11 +118,18 @@ class Decider(nn.Module):
         return [p for p in self.parameters() if p.requires_grad]
 
     def _hidden(self, batch: Batch) -> torch.Tensor:
+        mask: Any = batch.attention_mask
+        config = getattr(self.torso, "config", None)
+        if config is not None and supports_mask_mapping(config):
+            # whether any row is padded, from the host's lists: transformers would read it from the
+            # device mask, a sync per forward (hobson.attention.mask_mapping)
+            T = batch.input_ids.shape[1]
+            padded = any(len(ids) < T for ids in batch.token_ids)
+            mask = mask_mapping(config, batch.attention_mask, padded, self.torso.get_input_embeddings().weight.dtype)
         with varying_shape_sdpa():
             # use_cache=False: transformers otherwise builds a cache on every forward (the config's
             # default), storing each layer's keys, values and recurrent states that nothing reads
-            return self.torso(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                              use_cache=False).last_hidden_state
+            return self.torso(input_ids=batch.input_ids, attention_mask=mask, use_cache=False).last_hidden_state
 
     def forward(self, batch: Batch | None) -> dict[str, torch.Tensor | None]:
         if batch is None:

@@ -77,8 +77,16 @@ class Batch:
     token_ids: list[list[int]]  # each row's unpadded ids (for traces and tests)
 
     def to(self, device: torch.device | str) -> Batch:
-        moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
-        return Batch(**moved)
+        """The batch on ``device``. To a GPU through pinned memory, without waiting: a copy from
+        pageable memory synchronizes the stream, so each micro-batch's copy would wait for the
+        previous one's backward to finish on the GPU before the host could queue anything more."""
+        if torch.device(device).type == "cuda":
+            def move(v: torch.Tensor) -> torch.Tensor:
+                return v.pin_memory().to(device, non_blocking=True) if v.device.type == "cpu" else v.to(device)
+        else:
+            def move(v: torch.Tensor) -> torch.Tensor:
+                return v.to(device)
+        return Batch(**{k: (move(v) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()})
 
     @property
     def padded_tokens(self) -> int:

@@ -123,6 +123,7 @@ def decider_loss(
         "kl_teacher": kl_t.detach(),
         "kl_frozen": kl_f.detach(),
         "correct": (pred == label).sum().float(),
-        "rows": torch.tensor(float(label.shape[0]), device=logits.device),
+        # a fill, not torch.tensor(...): that copies from pageable host memory, a sync on a GPU
+        "rows": torch.full((), float(label.shape[0]), device=logits.device),
     }
     return total, metrics

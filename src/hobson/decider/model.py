@@ -109,6 +109,10 @@ class Decider(nn.Module):
         # stays out of state dicts (it is the base model's own, reloaded with the torso).
         self.register_buffer("lm_head_weight", lm_head_weight, persistent=False)
         self.letter_ids = letter_ids
+        # the same ids on the model's device: indexing a GPU tensor with a list copies the list from
+        # pageable host memory on every frozen readout, a sync
+        self.register_buffer("letter_index", None if letter_ids is None else torch.tensor(letter_ids),
+                             persistent=False)
         # False when the frozen-KL targets were precomputed before step 1 (no second forward).
         self.compute_frozen = True
         self.chain_kernel = "eager"  # what build_decider resolved chain_kernel to (run control)
@@ -157,7 +161,7 @@ class Decider(nn.Module):
             hidden = self._hidden(batch)
         rows = torch.arange(hidden.shape[0], device=hidden.device)
         answer = hidden[rows, batch.answer_pos]  # (B, H)
-        w = self.lm_head_weight[self.letter_ids[:N]]  # (N, H)
+        w = self.lm_head_weight[self.letter_index[:N]]  # (N, H)
         logits = (answer @ w.T).float()
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap

@@ -317,7 +317,9 @@ class DeciderTrainRecipe:
         for b, i in enumerate(batch.row_index):
             p = torch.tensor(self.frozen_targets[i], dtype=torch.float32).clamp(min=1e-12)
             out[b, : p.numel()] = p.log()
-        return out.to(batch.option_mask.device)
+        device = batch.option_mask.device
+        # pinned and not waited for, as Batch.to moves the batch (a pageable copy syncs)
+        return out.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else out
 
     def _setup_optimizer(self) -> None:
         cfg = self.cfg
@@ -464,17 +466,19 @@ class DeciderTrainRecipe:
             sums[_METRICS.index("tokens")] += sum(lengths)
             sums[_METRICS.index("padded_tokens")] += batch.padded_tokens
             sums[_METRICS.index("attended_pairs")] += sum(n * (n + 1) // 2 for n in lengths)
-        for k, v in zip(_SUMMED, on_device.tolist(), strict=True):
-            sums[_METRICS.index(k)] += v
         if self.cfg.trace_dir:
             self._trace(step, batches)
         if self.cfg.grad_clip > 0:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip))
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
         else:
-            grad_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.params])))
+            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.params]))
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        # the step's one read of the device, after the optimizer's kernels are queued
+        *summed, grad_norm = torch.cat([on_device, norm.detach().double().reshape(1)]).tolist()
+        for k, v in zip(_SUMMED, summed, strict=True):
+            sums[_METRICS.index(k)] += v
         return sums, grad_norm
 
     def _loss(self, batch: Batch, out: dict[str, torch.Tensor | None]) -> tuple[torch.Tensor, dict]:

@@ -1,0 +1,44 @@
+"""A decider training micro-batch on a GPU never makes the host wait for the device: the copy in,
+the forward, the frozen forward, the loss and the backward run under CUDA's sync debug mode set to
+raise (the CPU census in test_masks_on_cpu.py shows the reads are gone; this shows the copies and
+everything the CPU cannot see, such as a copy from pageable memory, are too)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from hobson.decider.collate import Collator, to_canonical
+from hobson.decider.config import load_train_config
+from hobson.decider.loss import decider_loss
+from hobson.decider.model import build_decider
+from hobson.io import read_jsonl
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_a_micro_batch_runs_without_a_device_sync(decider_data, config_factory, tmp_path, bf16):
+    cfg = load_train_config(config_factory(tmp_path / "c.yaml", tmp_path / "out", device="cuda", bf16=bf16))
+    tok = AutoTokenizer.from_pretrained(decider_data["torso"])
+    model = build_decider(cfg, tok, "cuda").train()
+    rows = read_jsonl(decider_data["train"])[:6]
+    collator = Collator(tok, max_length=1024, force_bos=False, seed=0)
+    warm = collator.collate(list(enumerate(rows))).to("cuda")  # first calls: allocator, cuBLAS handles
+    model(warm)["logits"].sum().backward()
+    batch = collator.collate(list(enumerate(rows)))
+    assert len({len(ids) for ids in batch.token_ids}) > 1  # padded: the masks are built
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        batch = batch.to("cuda")
+        out = model(batch)
+        loss, _ = decider_loss(to_canonical(out["logits"], batch.perm), batch.option_mask, batch.label,
+                               batch.is_score, batch.weight, batch.teacher, batch.has_teacher,
+                               to_canonical(out["frozen_logits"], batch.perm),
+                               kl_teacher_weight=cfg.kl_teacher_weight, kl_frozen_weight=cfg.kl_frozen_weight)
+        loss.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(loss).item()

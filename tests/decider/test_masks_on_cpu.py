@@ -17,8 +17,10 @@ from hobson.decider.loss import decider_loss
 from hobson.decider.model import build_decider
 from hobson.io import read_jsonl
 
-# ops that copy a device value to the host (.item(), bool(), float(), .tolist())
-_READS = {"_local_scalar_dense", "is_nonzero", "item", "equal"}
+# ops that copy a device value to the host (.item(), bool(), float(), .tolist()) or whose output
+# shape depends on the values (on a GPU the host waits for those too)
+_READS = {"_local_scalar_dense", "is_nonzero", "item", "equal", "nonzero", "masked_select", "_unique2",
+          "repeat_interleave"}
 
 
 class _Reads(TorchDispatchMode):

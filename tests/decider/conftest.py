@@ -109,3 +109,18 @@ def base_config(data: dict[str, Path], output_dir: Path, **over) -> dict:
 def write_config(path: Path, cfg: dict) -> Path:
     path.write_text(yaml.safe_dump(cfg, sort_keys=True), encoding="utf-8")
     return path
+
+
+def micro_batch_loss(model, batch, cfg):
+    """One training micro-batch as the recipe runs it (forward with the frozen readout, both KL
+    terms at ``cfg``'s weights, backward); returns the loss."""
+    from hobson.decider.collate import to_canonical
+    from hobson.decider.loss import decider_loss
+
+    out = model(batch)
+    loss, _ = decider_loss(to_canonical(out["logits"], batch.perm), batch.option_mask, batch.label,
+                           batch.is_score, batch.weight, batch.teacher, batch.has_teacher,
+                           to_canonical(out["frozen_logits"], batch.perm),
+                           kl_teacher_weight=cfg.kl_teacher_weight, kl_frozen_weight=cfg.kl_frozen_weight)
+    loss.backward()
+    return loss

@@ -11,11 +11,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3_5TextConfig, Qwen3Config
 
 from hobson.attention import mask_mapping, supports_mask_mapping
-from hobson.decider.collate import Collator, to_canonical
+from hobson.decider.collate import Collator
 from hobson.decider.config import load_train_config
 from hobson.decider.loss import decider_loss
 from hobson.decider.model import build_decider
 from hobson.io import read_jsonl
+from tests.decider.conftest import micro_batch_loss
 
 # ops that copy a device value to the host (.item(), bool(), float(), .tolist()) or whose output
 # shape depends on the values (on a GPU the host waits for those too)
@@ -79,12 +80,7 @@ def test_a_training_micro_batch_reads_nothing_back_from_the_device(decider_data,
     batch = Collator(tok, max_length=1024, force_bos=False, seed=0).collate(list(enumerate(rows)))
     assert len({len(ids) for ids in batch.token_ids}) > 1  # padded: the masks are built, not skipped
     with _Reads() as reads:
-        out = model(batch)
-        loss, _ = decider_loss(to_canonical(out["logits"], batch.perm), batch.option_mask, batch.label,
-                               batch.is_score, batch.weight, batch.teacher, batch.has_teacher,
-                               to_canonical(out["frozen_logits"], batch.perm),
-                               kl_teacher_weight=cfg.kl_teacher_weight, kl_frozen_weight=cfg.kl_frozen_weight)
-        loss.backward()
+        micro_batch_loss(model, batch, cfg)
     assert reads.seen == []
 
 

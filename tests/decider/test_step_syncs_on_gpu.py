@@ -9,11 +9,11 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from hobson.decider.collate import Collator, to_canonical
+from hobson.decider.collate import Collator
 from hobson.decider.config import load_train_config
-from hobson.decider.loss import decider_loss
 from hobson.decider.model import build_decider
 from hobson.io import read_jsonl
+from tests.decider.conftest import micro_batch_loss
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -33,12 +33,7 @@ def test_a_micro_batch_runs_without_a_device_sync(decider_data, config_factory, 
     torch.cuda.set_sync_debug_mode("error")
     try:
         batch = batch.to("cuda")
-        out = model(batch)
-        loss, _ = decider_loss(to_canonical(out["logits"], batch.perm), batch.option_mask, batch.label,
-                               batch.is_score, batch.weight, batch.teacher, batch.has_teacher,
-                               to_canonical(out["frozen_logits"], batch.perm),
-                               kl_teacher_weight=cfg.kl_teacher_weight, kl_frozen_weight=cfg.kl_frozen_weight)
-        loss.backward()
+        loss = micro_batch_loss(model, batch, cfg)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.isfinite(loss).item()

@@ -143,6 +143,12 @@ def _injected_fault(stage: str, shard: int | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, job_args = _parse(argv)
+    # Triton keeps its compiled kernels between processes (~/.triton/cache) but, unless told, not
+    # its autotuning choices: each process of each stage (every DDP rank, every array task) then
+    # benchmarks fla's kernels again, minutes for the decider's torso. Kept in the same cache, the
+    # first process's choices serve the rest; on a fresh H100 the carried cache cut the training
+    # warm-up from 192 s to 48 s (docs/BENCHMARKS.md, session 22). A user's own setting wins.
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     if args.torchrun:
         return _run_torchrun(argv, args.torchrun)
     run_dir = Path(args.run_dir).resolve()

@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         "shard": a.shard, "task": os.environ.get("HOBSON_ARRAY_TASK"),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "omp": os.environ.get("OMP_NUM_THREADS"), "torch_threads": torch.get_num_threads(),
+        "triton_autotune_cache": os.environ.get("TRITON_CACHE_AUTOTUNING"),
         "slurm_leak": sorted(k for k in os.environ if k.startswith("SLURM_") and k != "SLURM_CONF"),
         "t": time.time(),
     })

@@ -11,8 +11,9 @@ without compiling whole layers (whose warm-up did not finish in 250 s):
   products, then a scale, an add and a cast back over the whole ``(tokens, out)`` output, and
   their backward, on seven projections per layer. ``fused`` computes the same sum in the torso's
   dtype as ``result + scaling * (x @ A^T) @ B^T``, the add and the scaling inside the second
-  product's GEMM (``addmm``). The adapter's weights stay fp32 (the optimizer's copy); only their product runs in
-  bf16, as the frozen weights' does. ``auto``: ``fused`` for a bf16 torso, peft's own forward
+  product's GEMM (``addmm``), as one autograd node with its own backward
+  (``LoraLinearFunction``). The adapter's weights stay fp32 (the optimizer's copy); only their
+  product runs in bf16, as the frozen weights' does. ``auto``: ``fused`` for a bf16 torso, peft's own forward
   otherwise (fp32: CPU runs keep peft's numbers).
 - **Norm and activation chains** (``chain_kernel``). An RMSNorm is eight kernels forward and a
   dozen backward through fp32 copies of its input, ``silu(gate) * up`` three and four. ``liger``
@@ -191,20 +192,50 @@ def _plain_adapter(self: nn.Module) -> str | None:
     return name
 
 
+class LoraLinearFunction(torch.autograd.Function):
+    """``x W^T (+ bias) + scaling * (x A^T) B^T`` for a frozen ``W``, as one autograd node.
+
+    Why: autograd's version of the same products is a dozen nodes per projection (the casts of
+    the fp32 adapter, the views, the alpha's multiply, the two products' backwards, and an add
+    where the two gradients reaching ``x`` meet), each with its host time, on a step the host
+    bounds (docs/BENCHMARKS.md, session 22). Here the backward is five products and one small
+    scale: the frozen path's input gradient and the adapter's meet inside the second product
+    (``addmm``), one rounding instead of two. The adapter's gradients are the same operations
+    autograd runs (``(g B) s``, then its product with ``x`` or ``h``), so they keep its bits."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, lora_a: Tensor, lora_b: Tensor,
+                scaling: float) -> Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        a, b = lora_a.to(x.dtype), lora_b.to(x.dtype)
+        h = x2.mm(a.t())
+        out = torch.addmm(nn.functional.linear(x2, weight, bias), h, b.t(), alpha=scaling)
+        ctx.save_for_backward(x2, h, weight, a, b)
+        ctx.scaling, ctx.in_shape = scaling, x.shape
+        ctx.adapter_dtypes = (lora_a.dtype, lora_b.dtype)
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        x2, h, weight, a, b = ctx.saved_tensors
+        g = grad.reshape(-1, grad.shape[-1])
+        gh = g.mm(b) * ctx.scaling  # the gradient reaching h = x A^T
+        dx = torch.addmm(g.mm(weight), gh, a).view(ctx.in_shape) if ctx.needs_input_grad[0] else None
+        da = gh.t().mm(x2).to(ctx.adapter_dtypes[0])
+        db = (g.t().mm(h) * ctx.scaling).to(ctx.adapter_dtypes[1])  # (out, r) as the parameter is laid out
+        return dx, None, None, da, db, None
+
+
 def _fused_lora_forward(self: nn.Module, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-    """peft's ``lora.Linear.forward`` for one plain adapter, its add inside the second GEMM; any
-    other case (adapter off or merged, dropout, DoRA and other variants, several adapters, extra
-    arguments) is peft's own forward."""
+    """peft's ``lora.Linear.forward`` for one plain adapter over a frozen projection, as
+    :class:`LoraLinearFunction`; any other case (adapter off or merged, dropout, DoRA and other
+    variants, several adapters, a trainable base, extra arguments) is peft's own forward."""
     a = None if args or kwargs or self.disable_adapters or self.merged else _plain_adapter(self)
-    if a is None:
+    base = self.base_layer
+    if a is None or base.weight.requires_grad or (base.bias is not None and base.bias.requires_grad):
         return type(self).forward(self, x, *args, **kwargs)
-    result = self.base_layer(x)
-    h = nn.functional.linear(x, self.lora_A[a].weight.to(x.dtype))
-    # out of place: an in-place add on a view of the frozen product makes autograd clone and copy
-    # the whole (tokens, out) gradient in the backward; the scaling is the GEMM's alpha (no kernel)
-    out = torch.addmm(result.reshape(-1, result.shape[-1]), h.reshape(-1, h.shape[-1]),
-                      self.lora_B[a].weight.to(result.dtype).t(), alpha=self.scaling[a])
-    return out.view(result.shape)
+    return LoraLinearFunction.apply(x, base.weight, base.bias, self.lora_A[a].weight, self.lora_B[a].weight,
+                                    self.scaling[a])
 
 
 def fuse_lora(torso: nn.Module) -> int:
@@ -226,5 +257,5 @@ def lora_is_fused(setting: str, dtype: torch.dtype) -> bool:
     return setting == "fused" or (setting == "auto" and dtype != torch.float32)
 
 
-__all__ = ["CHAIN_KERNELS", "centred_rms_norm", "fuse_chains", "fuse_lora", "gated_rms_norm", "liger_functions",
-           "lora_is_fused", "resolve_chain_kernel"]
+__all__ = ["CHAIN_KERNELS", "LoraLinearFunction", "centred_rms_norm", "fuse_chains", "fuse_lora", "gated_rms_norm",
+           "liger_functions", "lora_is_fused", "resolve_chain_kernel"]

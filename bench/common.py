@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from hobson.io import write_json_atomic
 
 if TYPE_CHECKING:
+    from torch import nn
     from torch.profiler import profile
 
 T = TypeVar("T")
@@ -185,6 +186,48 @@ def profiled(device: str) -> Iterator[profile]:
         yield prof
 
 
+MODULE_RANGE = "module::"
+BACKWARD_RANGE = "autograd::engine::evaluate_function: "
+
+
+@contextlib.contextmanager
+def module_ranges(model: nn.Module) -> Iterator[None]:
+    """Open a profiler range named for each submodule's class around its forward, so
+    :func:`summarize` can say which module's Python issues the host's ops (the step is host-bound:
+    the op count is what to cut, and where it comes from is the question)."""
+    from torch.autograd.profiler import record_function
+
+    stack: list[Any] = []
+
+    def pre(m: nn.Module, args: Any) -> None:
+        r = record_function(MODULE_RANGE + type(m).__name__)
+        r.__enter__()
+        stack.append(r)
+
+    def post(m: nn.Module, args: Any, out: Any) -> None:
+        stack.pop().__exit__(None, None, None)
+
+    handles = [h for m in model.modules()
+               for h in (m.register_forward_pre_hook(pre), m.register_forward_hook(post))]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _owner(event: Any) -> str:
+    """The innermost module range, or the autograd node whose backward ran, above a host op."""
+    e = event.cpu_parent
+    while e is not None:
+        if e.name.startswith(MODULE_RANGE):
+            return e.name[len(MODULE_RANGE):]
+        if e.name.startswith(BACKWARD_RANGE):
+            return "backward: " + e.name[len(BACKWARD_RANGE):]
+        e = e.cpu_parent
+    return "outside modules (loss, optimizer, copies in)"
+
+
 def _busy_us(intervals: list[tuple[float, float]]) -> float:
     busy, end = 0.0, float("-inf")
     for s, e in sorted(intervals):
@@ -233,6 +276,14 @@ def summarize(prof: profile, *, steps: int, wall_s: float, top: int = 12) -> dic
         self_cpu.setdefault(e.name, []).append(e.self_cpu_time_total)
     cpu_total = sum(sum(v) for v in self_cpu.values())
     out["aten_self_cpu_ms_per_step"] = round(cpu_total / 1000 / per, 3)
+    # ops Python called (not those an op runs inside itself), by the module or backward node
+    owners: dict[str, list[float]] = {}
+    for e in ops:
+        if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"):
+            owners.setdefault(_owner(e), []).append(e.cpu_time_total)
+    out["host_ops_by_owner"] = [
+        {"owner": n, "ops_per_step": round(len(v) / per, 1), "cpu_ms_per_step": round(sum(v) / 1000 / per, 3)}
+        for n, v in sorted(owners.items(), key=lambda kv: -len(kv[1]))[:2 * top]]
     out["top_host_ops"] = [
         {"name": n, "self_cpu_ms_per_step": round(sum(v) / 1000 / per, 3), "count_per_step": round(len(v) / per, 1)}
         for n, v in sorted(self_cpu.items(), key=lambda kv: -sum(kv[1]))[:top]]
@@ -259,6 +310,11 @@ def print_summary(title: str, s: dict[str, Any], file=None) -> None:
         for r in s["top_kernels"]:
             p(f"| `{r['name'][:90]}` | {r['ms_per_step']} | {r['share']:.1%} | {r['count_per_step']} "
               f"| {r['mean_us']} |")
+    if s.get("host_ops_by_owner"):
+        p("\n| ops called from | ops/step | host ms/step (with their inner ops) |")
+        p("| --- | ---: | ---: |")
+        for r in s["host_ops_by_owner"]:
+            p(f"| {r['owner']} | {r['ops_per_step']} | {r['cpu_ms_per_step']} |")
     p("\n| host op | self ms/step | count/step |")
     p("| --- | ---: | ---: |")
     for r in s["top_host_ops"]:

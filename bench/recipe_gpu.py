@@ -504,9 +504,12 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
         if args.profile and len(per_step) == warmup + steps:  # the profiled steps follow the timed ones
             prof["cm"] = common.profiled(device)
             prof["p"] = prof["cm"].__enter__()
+            prof["ranges"] = common.module_ranges(prof["model"])
+            prof["ranges"].__enter__()
             prof["t0"] = time.perf_counter()
         elif "cm" in prof and len(per_step) == warmup + steps + args.profile:
             wall = time.perf_counter() - prof["t0"]
+            prof.pop("ranges").__exit__(None, None, None)
             prof.pop("cm").__exit__(None, None, None)
             prof["summary"] = common.summarize(prof.pop("p"), steps=args.profile, wall_s=wall)
 
@@ -516,6 +519,7 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
             setup_start = time.perf_counter()
             recipe.setup()
             setup_s = time.perf_counter() - setup_start
+            prof["model"] = recipe.model  # the profiled steps name its modules
             log(f"train: Gated DeltaNet path {recipe.kernels}; chains {recipe.model.chain_kernel}")
             chain_kernel = recipe.model.chain_kernel
             torso = recipe.model.torso

@@ -182,36 +182,27 @@ class Collator:
     def collate(self, rows: Sequence[tuple[int, Mapping[str, Any]]]) -> Batch:
         """Render and pad ``rows`` (``(global index, row)`` pairs) into one batch."""
         rendered = self.render(rows)
-        B = len(rows)
         T = max(len(ids) for ids, _, _ in rendered)
         N = max(len(order) for _, _, order in rendered)
-        input_ids = torch.full((B, T), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((B, T), dtype=torch.long)
-        answer_pos = torch.zeros(B, dtype=torch.long)
-        option_pos = torch.zeros((B, N), dtype=torch.long)
-        option_mask = torch.zeros((B, N), dtype=torch.bool)
-        perm = torch.arange(N).repeat(B, 1)
-        label = torch.zeros(B, dtype=torch.long)
-        is_score = torch.zeros(B, dtype=torch.bool)
-        weight = torch.zeros(B, dtype=torch.float32)
-        teacher = torch.zeros((B, N), dtype=torch.float32)
-        has_teacher = torch.zeros(B, dtype=torch.bool)
-        for b, ((index, row), (ids, keys, order)) in enumerate(zip(rows, rendered, strict=True)):
-            n = len(order)
-            input_ids[b, : len(ids)] = torch.tensor(ids)
-            attention_mask[b, : len(ids)] = 1
-            answer_pos[b] = len(ids) - 1
-            option_pos[b, :n] = torch.tensor(keys)
-            option_mask[b, :n] = True
-            perm[b, :n] = torch.tensor(order)
-            label[b] = row["label"]
-            is_score[b] = row["kind"] == "score"
-            weight[b] = float(row["weight"])
+        # each field built as Python lists and turned into a tensor once: per-row writes into
+        # tensors were a dozen torch ops a row, host time the GPU waits through at a step's start
+        lengths = [len(ids) for ids, _, _ in rendered]
+        teacher: list[list[float]] = []
+        for (index, _row), (_, _, order) in zip(rows, rendered, strict=True):
             probs = self.teacher.get(index)
-            if probs is not None:
-                if len(probs) != n:
-                    raise DataError(f"teacher line i={index} has {len(probs)} probs for a row with {n} options")
-                teacher[b, :n] = torch.tensor(probs, dtype=torch.float32)
-                has_teacher[b] = True
+            if probs is not None and len(probs) != len(order):
+                raise DataError(f"teacher line i={index} has {len(probs)} probs for a row with {len(order)} options")
+            teacher.append([] if probs is None else list(probs))
+        input_ids = torch.tensor([ids + [self.pad_id] * (T - len(ids)) for ids, _, _ in rendered], dtype=torch.long)
+        attention_mask = torch.tensor([[1] * n + [0] * (T - n) for n in lengths], dtype=torch.long)
+        answer_pos = torch.tensor([n - 1 for n in lengths], dtype=torch.long)
+        option_pos = torch.tensor([keys + [0] * (N - len(keys)) for _, keys, _ in rendered], dtype=torch.long)
+        option_mask = torch.tensor([[True] * len(o) + [False] * (N - len(o)) for _, _, o in rendered], dtype=torch.bool)
+        perm = torch.tensor([list(o) + list(range(len(o), N)) for _, _, o in rendered], dtype=torch.long)
+        label = torch.tensor([row["label"] for _, row in rows], dtype=torch.long)
+        is_score = torch.tensor([row["kind"] == "score" for _, row in rows], dtype=torch.bool)
+        weight = torch.tensor([float(row["weight"]) for _, row in rows], dtype=torch.float32)
+        has_teacher = torch.tensor([self.teacher.get(i) is not None for i, _ in rows], dtype=torch.bool)
+        teacher_t = torch.tensor([p + [0.0] * (N - len(p)) for p in teacher], dtype=torch.float32)
         return Batch(input_ids, attention_mask, answer_pos, option_pos, option_mask, perm, label, is_score, weight,
-                     teacher, has_teacher, [i for i, _ in rows], [ids for ids, _, _ in rendered])
+                     teacher_t, has_teacher, [i for i, _ in rows], [ids for ids, _, _ in rendered])

@@ -230,8 +230,10 @@ def _fused_lora_forward(self: nn.Module, x: Tensor, *args: Any, **kwargs: Any) -
     """peft's ``lora.Linear.forward`` for one plain adapter over a frozen projection, as
     :class:`LoraLinearFunction`; any other case (adapter off or merged, dropout, DoRA and other
     variants, several adapters, a trainable base, extra arguments) is peft's own forward."""
-    a = None if args or kwargs or self.disable_adapters or self.merged else _plain_adapter(self)
     base = self.base_layer
+    if self.disable_adapters and not self.merged and not args and not kwargs:
+        return base(x)  # the frozen forward: what peft's forward does here, without its checks
+    a = None if args or kwargs or self.disable_adapters or self.merged else _plain_adapter(self)
     if a is None or base.weight.requires_grad or (base.bias is not None and base.bias.requires_grad):
         return type(self).forward(self, x, *args, **kwargs)
     return LoraLinearFunction.apply(x, base.weight, base.bias, self.lora_A[a].weight, self.lora_B[a].weight,

@@ -142,6 +142,16 @@ def test_profile_helpers():
     spec.loader.exec_module(common)
 
     assert common._busy_us([(0, 10), (5, 15), (20, 30), (21, 22)]) == 25
+    # module ranges and torch's annotations on the GPU timeline are not kernels
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    ev = [SimpleNamespace(device_type=DeviceType.CUDA, name="nvjet_sm90_tst", is_user_annotation=False),
+          SimpleNamespace(device_type=DeviceType.CUDA, name="module::Decider", is_user_annotation=False),
+          SimpleNamespace(device_type=DeviceType.CUDA, name="ProfilerStep#3", is_user_annotation=True),
+          SimpleNamespace(device_type=DeviceType.CPU, name="aten::mm", is_user_annotation=False)]
+    assert [e.name for e in common.kernel_events(ev)] == ["nvjet_sm90_tst"]
     assert common.family("sm90_xmma_gemm_bf16bf16_bf16f32") == "matmul"
     assert common.family("void trsm_left_kernel<float>") == "triangular solve"
     assert common.family("void at::native::vectorized_elementwise_kernel<4, ...>") == "elementwise"

@@ -499,8 +499,12 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
     per_step: list[Any] = []  # StepStats, one per optimizer step
     prof: dict[str, Any] = {}
 
+    captures: list[int] = []  # CUDA graphs captured so far, after each step (cuda_graphs: true)
+
     def on_step(stats) -> None:  # the recipe's per-step hook
         per_step.append(stats)
+        graphs = getattr(prof.get("recipe"), "graphs", None)
+        captures.append(graphs.captures if graphs is not None else 0)
         if args.profile and len(per_step) == warmup + steps:  # the profiled steps follow the timed ones
             prof["cm"] = common.profiled(device)
             prof["p"] = prof["cm"].__enter__()
@@ -515,6 +519,7 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
 
     with stdout_to_stderr(), threads(None):
         recipe = DeciderTrainRecipe(cfg, on_step=on_step)
+        prof["recipe"] = recipe
         try:
             setup_start = time.perf_counter()
             recipe.setup()
@@ -561,7 +566,8 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
                    "gradient_checkpointing": cfg.gradient_checkpointing, "kl_frozen_weight": cfg.kl_frozen_weight,
                    "frozen_forward_per_micro_batch": frozen_forward, "max_length": cfg.max_length,
                    "attn_implementation": cfg.attn_implementation, "lora_kernel": cfg.lora_kernel,
-                   "chain_kernel": chain_kernel},
+                   "chain_kernel": chain_kernel, "cuda_graphs": cfg.cuda_graphs,
+                   "graph_length_multiple": cfg.graph_length_multiple},
         "gated_deltanet": gdn,
         "setup_s": round(setup_s, 2), "warmup_steps": warmup, "warmup_s": round(warmup_s, 2),
         "steps": len(window), "wall_s": round(wall, 3), "rows": rows, "tokens": tokens, "padded_tokens": padded,
@@ -574,6 +580,25 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
         "mfu_6n": round(fl["six_n"] * tps / peak_flops, 4),
         "hfu": round((fl["model"] + fl["recompute"]) * ptps / peak_flops, 4),
     }
+    graph_rows: list[tuple[str, Any]] = []
+    if cfg.cuda_graphs:
+        # a step that met a new bucket ran it eagerly once and captured it: a one-off per bucket
+        # in a run, so the steps that captured nothing are the run's steady state
+        new = [b - a for a, b in zip([0] + captures, captures, strict=False)][: warmup + steps]
+        steady = [s for s, n in zip(window, new[warmup:], strict=True) if n == 0]
+        fig["graphs"] = {"captured": captures[-1] if captures else 0, "captured_in_timed_steps": sum(new[warmup:]),
+                         "steady_steps": len(steady)}
+        if steady:
+            s_wall = sum(s.seconds for s in steady)
+            s_tps = sum(s.tokens for s in steady) / s_wall
+            fig["graphs"].update({"steady_tokens_per_s": round(s_tps, 1),
+                                  "steady_mfu": round(fl["model"] * s_tps / peak_flops, 4)})
+        g = fig["graphs"]
+        graph_rows = [("CUDA graphs: captured (in timed steps) / steady steps",
+                       f"{g['captured']} ({g['captured_in_timed_steps']}) / {g['steady_steps']}")]
+        if steady:
+            graph_rows.append(("steady steps: real tokens/s / MFU (F+B+K)",
+                               f"{g['steady_tokens_per_s']} / {g['steady_mfu']:.2%}"))
     if device == "cuda":
         fig["peak_alloc_gib"] = gib(torch.cuda.max_memory_allocated())
         fig["peak_reserved_gib"] = gib(torch.cuda.max_memory_reserved())
@@ -625,6 +650,7 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
         (f"dense {peak['dtype']} matmul peak TFLOP/s", peak["tflops"]),
         ("MFU (F+B+K) / MFU (6N) / HFU", f"{fig['mfu']:.2%} / {fig['mfu_6n']:.2%} / {fig['hfu']:.2%}"),
         ("peak memory allocated GiB", fig.get("peak_alloc_gib", "n/a (CPU)")),
+        *graph_rows,
         *baseline_rows,
     ])
     if "profile" in fig:

@@ -32,7 +32,8 @@ TORSO_INITS = ("pretrained", "random")
 RUN_CONTROL_KEYS = frozenset({
     "output_dir", "checkpoint_every", "keep_checkpoints", "on_usr2", "stop_after_steps",
     "eval_every", "val_batch_size", "log_every", "num_threads", "resume", "trace_dir", "device",
-    "val_file", "gated_delta_rule", "compile_layers", "lora_kernel", "chain_kernel",
+    "val_file", "gated_delta_rule", "compile_layers", "lora_kernel", "chain_kernel", "cuda_graphs",
+    "graph_length_multiple",
     "fused_chains",  # retired (chain_kernel: compiled): checkpoints written with it still resume
 })
 # Keys added after checkpoints were first written: a checkpoint's config without one was trained
@@ -53,6 +54,7 @@ class TrainConfig:
         "length_group_chunk": ">= 1", "checkpoint_every": ">= 0", "keep_checkpoints": ">= 0",
         "stop_after_steps": ">= 1", "max_steps": ">= 1",
         "eval_every": ">= 0", "val_batch_size": ">= 1", "log_every": ">= 1", "num_threads": ">= 0",
+        "graph_length_multiple": ">= 1",
     }
 
     # --- data -----------------------------------------------------------------------------
@@ -150,6 +152,12 @@ class TrainConfig:
     # kernels or hobson's compiled chains; auto: liger for a bf16 torso on CUDA where it imports;
     # eager (the model's own numbers) on a CPU
     chain_kernel: str = "auto"
+    # Each micro-batch's forward, loss and backward as one CUDA graph replay (hobson.decider.graphs):
+    # the host's ~20k launches per micro-batch become one. Micro-batches are padded to buckets: rows
+    # to micro_batch_size, length to a multiple of graph_length_multiple (more padding, fewer
+    # captures). One process, CUDA, no LoRA dropout.
+    cuda_graphs: bool = False
+    graph_length_multiple: int = 32
     trace_dir: str | None = None  # debug: per-step all-reduced gradients and rendered token ids
 
     def __post_init__(self) -> None:
@@ -173,7 +181,8 @@ class TrainConfig:
         if self.torso_init not in TORSO_INITS:
             problems.append(f"torso_init {self.torso_init!r} is not one of {', '.join(TORSO_INITS)}")
         for key in ("epochs", "micro_batch_size", "grad_accum", "max_length", "pointer_dim", "num_slots",
-                    "head_ensemble", "lora_r", "length_group_chunk", "val_batch_size", "log_every"):
+                    "head_ensemble", "lora_r", "length_group_chunk", "val_batch_size", "log_every",
+                    "graph_length_multiple"):
             if getattr(self, key) < 1:
                 problems.append(f"{key} must be >= 1, got {getattr(self, key)}")
         for key in ("warmup_steps", "checkpoint_every", "keep_checkpoints", "eval_every", "num_threads",
@@ -191,6 +200,13 @@ class TrainConfig:
                 problems.append(f"{key} must be >= 1 or null, got {getattr(self, key)}")
         if not self.train_files:
             problems.append("train_files is empty; list at least one corpus JSONL file")
+        if self.cuda_graphs and self.lora_dropout > 0:
+            problems.append(f"cuda_graphs: true replays each micro-batch's kernels, and LoRA dropout's random draws "
+                            f"would then depend on when a shape was captured; set lora_dropout: 0 (now "
+                            f"{self.lora_dropout}) or cuda_graphs: false")
+        if self.cuda_graphs and self.host_embeddings:
+            problems.append("cuda_graphs: true cannot replay host_embeddings' copies through host memory; "
+                            "set one of them to false")
         if self.kl_frozen_reference and not self.precompute_frozen_kl:
             problems.append("kl_frozen_reference is computed once before step 1; set precompute_frozen_kl: true")
         if self.kl_frozen_reference and self.kl_frozen_weight <= 0:

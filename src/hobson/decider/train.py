@@ -53,6 +53,7 @@ from hobson.decider.checkpoint import (
 from hobson.decider.collate import Batch, Collator, to_canonical, token_lengths
 from hobson.decider.compiling import compile_decoder_layers
 from hobson.decider.config import TrainConfig, config_to_dict, resume_conflicts
+from hobson.decider.graphs import MicroBatchGraphs
 from hobson.decider.kernels import KernelChoice, select_gated_delta_rule
 from hobson.decider.loss import decider_loss, masked_log_softmax
 from hobson.decider.model import Decider, build_decider
@@ -158,6 +159,12 @@ class DeciderTrainRecipe:
             raise ConfigError(f"host_embeddings: true keeps the per-layer embedding table in this process's host "
                               f"memory and works in one process only, but WORLD_SIZE={self.world_size} "
                               "(torchrun); set host_embeddings: false or run one process")
+        if cfg.cuda_graphs and self.device.type != "cuda":
+            raise ConfigError(f"cuda_graphs: true replays CUDA graphs, but this run trains on {self.device}; "
+                              "set cuda_graphs: false")
+        if cfg.cuda_graphs and self.world_size > 1:
+            raise ConfigError(f"cuda_graphs: true runs in one process, but WORLD_SIZE={self.world_size} (torchrun): "
+                              "DDP's gradient all-reduce runs inside the backward; set cuda_graphs: false")
         if cfg.num_threads:
             set_threads(cfg.num_threads)
         for key in ("base_model", "tokenizer"):  # local directories (no model hub): say so before any work
@@ -279,6 +286,11 @@ class DeciderTrainRecipe:
                            broadcast_buffers=False)
         else:
             self.ddp = self.model
+        self.graphs: MicroBatchGraphs | None = None
+        if self.cfg.cuda_graphs:
+            pad_id = self.collator.pad_id
+            self.graphs = MicroBatchGraphs(self._micro_batch, self.params, self.device, rows=self.cfg.micro_batch_size,
+                                           length_multiple=self.cfg.graph_length_multiple, pad_id=pad_id)
 
     @torch.no_grad()
     def _precompute_frozen_targets(self) -> dict[int, list[float]]:
@@ -312,14 +324,13 @@ class DeciderTrainRecipe:
         return dict(enumerate(probs))
 
     def _frozen_logits(self, batch: Batch) -> torch.Tensor:
-        """Log of the precomputed targets as ``(B, N)`` canonical-order logits (padding 0, masked)."""
+        """Log of the precomputed targets as ``(B, N)`` canonical-order logits (padding 0, masked),
+        on the host."""
         out = torch.zeros(batch.option_mask.shape, dtype=torch.float32)
         for b, i in enumerate(batch.row_index):
             p = torch.tensor(self.frozen_targets[i], dtype=torch.float32).clamp(min=1e-12)
             out[b, : p.numel()] = p.log()
-        device = batch.option_mask.device
-        # pinned and not waited for, as Batch.to moves the batch (a pageable copy syncs)
-        return out.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else out
+        return out
 
     def _setup_optimizer(self) -> None:
         cfg = self.cfg
@@ -456,15 +467,25 @@ class DeciderTrainRecipe:
         for j, batch in enumerate(batches):
             last = j == len(batches) - 1
             sync = contextlib.nullcontext() if last or self.world_size == 1 else self.ddp.no_sync()
-            batch = batch.to(self.device)
-            with sync, varying_shape_sdpa(), chains:
-                out = self.ddp(batch)
-                loss, metrics = self._loss(batch, out)
-                (loss * scale).backward()
-            on_device += torch.stack([loss.detach().double()] + [metrics[k].double() for k in _SUMMED[1:]])
+            # precomputed frozen-KL targets, built on the host for this batch's rows
+            frozen = self._frozen_logits(batch) if self.frozen_targets is not None else None
             lengths = [len(ids) for ids in batch.token_ids]  # the attention mask's ones, read on the host
+            if self.graphs is not None:
+                with varying_shape_sdpa(), chains:
+                    on_device += self.graphs.run(batch, frozen, scale)
+                length, _ = self.graphs.bucket(batch)
+                # pad rows count as rows in the loss's row metric; they are no training rows
+                sums[_METRICS.index("rows")] -= self.cfg.micro_batch_size - len(lengths)
+                sums[_METRICS.index("padded_tokens")] += self.cfg.micro_batch_size * length
+            else:
+                batch = batch.to(self.device)
+                if frozen is not None:
+                    frozen = frozen.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" \
+                        else frozen
+                with sync, varying_shape_sdpa(), chains:
+                    on_device += self._micro_batch(batch, frozen, scale)
+                sums[_METRICS.index("padded_tokens")] += batch.padded_tokens
             sums[_METRICS.index("tokens")] += sum(lengths)
-            sums[_METRICS.index("padded_tokens")] += batch.padded_tokens
             sums[_METRICS.index("attended_pairs")] += sum(n * (n + 1) // 2 for n in lengths)
         if self.cfg.trace_dir:
             self._trace(step, batches)
@@ -474,20 +495,31 @@ class DeciderTrainRecipe:
             norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.params]))
         self.optimizer.step()
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        # graphs add into .grad at the addresses they were captured with: zeroed, never replaced
+        self.optimizer.zero_grad(set_to_none=self.graphs is None)
         # the step's one read of the device, after the optimizer's kernels are queued
         *summed, grad_norm = torch.cat([on_device, norm.detach().double().reshape(1)]).tolist()
         for k, v in zip(_SUMMED, summed, strict=True):
             sums[_METRICS.index(k)] += v
         return sums, grad_norm
 
-    def _loss(self, batch: Batch, out: dict[str, torch.Tensor | None]) -> tuple[torch.Tensor, dict]:
+    def _micro_batch(self, batch: Batch, frozen_targets: torch.Tensor | None,
+                     scale: float | torch.Tensor) -> torch.Tensor:
+        """Forward, loss and backward of one micro-batch on the device (the graphs capture this);
+        its loss sums as one float64 vector, in ``_SUMMED`` order."""
+        out = self.ddp(batch)
+        loss, metrics = self._loss(batch, out, frozen_targets)
+        (loss * scale).backward()
+        return torch.stack([loss.detach().double()] + [metrics[k].double() for k in _SUMMED[1:]])
+
+    def _loss(self, batch: Batch, out: dict[str, torch.Tensor | None],
+              frozen_targets: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
         cfg = self.cfg
         frozen = out["frozen_logits"]
         if frozen is not None:
             frozen = to_canonical(frozen, batch.perm)
-        elif self.frozen_targets is not None:
-            frozen = self._frozen_logits(batch)  # already canonical
+        else:
+            frozen = frozen_targets  # precomputed, already canonical (or None)
         return decider_loss(
             to_canonical(out["logits"], batch.perm), batch.option_mask, batch.label, batch.is_score, batch.weight,
             batch.teacher, batch.has_teacher, frozen,

@@ -570,7 +570,9 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
                    "graph_length_multiple": cfg.graph_length_multiple},
         "gated_deltanet": gdn,
         "setup_s": round(setup_s, 2), "warmup_steps": warmup, "warmup_s": round(warmup_s, 2),
-        "steps": len(window), "wall_s": round(wall, 3), "rows": rows, "tokens": tokens, "padded_tokens": padded,
+        "steps": len(window), "wall_s": round(wall, 3),
+        "step_s": [round(s.seconds, 3) for s in done],  # warm-up steps first: a slow step shows here
+        "rows": rows, "tokens": tokens, "padded_tokens": padded,
         "rows_per_s": round(rows / wall, 2), "tokens_per_s": round(tps, 1), "padded_tokens_per_s": round(ptps, 1),
         "mean_row_tokens": round(tokens / max(rows, 1), 2), "padding_share": round(1 - tokens / padded, 4),
         "peak": peak,

@@ -122,6 +122,7 @@ def test_train_profile_tiny_on_cpu(rg, tmp_path, capsys):
     fig = json.loads(out.read_text())["train"]
     assert rc == 0, fig.get("error")
     assert fig["steps"] == 2 and fig["rows"] == 2 * 32
+    assert len(fig["step_s"]) == fig["warmup_steps"] + 2 and all(t > 0 for t in fig["step_s"])
     assert fig["gated_deltanet"]["calls"] == 3 * 2 * 2 * 4  # warm-up, 2 timed, 1 profiled
     prof = fig["profile"]
     assert prof["steps"] == 1 and prof["wall_ms_per_step"] > 0 and prof["aten_ops_per_step"] > 100

@@ -590,6 +590,9 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
         steady = [s for s, n in zip(window, new[warmup:], strict=True) if n == 0]
         fig["graphs"] = {"captured": captures[-1] if captures else 0, "captured_in_timed_steps": sum(new[warmup:]),
                          "steady_steps": len(steady)}
+        graphs = getattr(prof.get("recipe"), "graphs", None)
+        if graphs is not None:  # the memory all buckets' graphs hold together (session 23: 50 GiB)
+            fig["graphs"]["pool_gib"] = gib(graphs.pool_bytes())
         if steady:
             s_wall = sum(s.seconds for s in steady)
             s_tps = sum(s.tokens for s in steady) / s_wall
@@ -598,6 +601,8 @@ def bench_train(args: argparse.Namespace, ws: Workspace) -> dict[str, Any]:
         g = fig["graphs"]
         graph_rows = [("CUDA graphs: captured (in timed steps) / steady steps",
                        f"{g['captured']} ({g['captured_in_timed_steps']}) / {g['steady_steps']}")]
+        if "pool_gib" in g:
+            graph_rows.append(("CUDA graphs: pool memory GiB", g["pool_gib"]))
         if steady:
             graph_rows.append(("steady steps: real tokens/s / MFU (F+B+K)",
                                f"{g['steady_tokens_per_s']} / {g['steady_mfu']:.2%}"))

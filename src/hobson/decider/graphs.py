@@ -13,15 +13,27 @@ term and gradient they add is 0, and label -1 is never counted correct. Each buc
 copied into that bucket's input tensors, then its graph replays.
 
 Every micro-batch's gradient comes from a replay, a bucket's first one too: on first sight the
-bucket is run once eagerly on a side stream (its gradients put back: this fills autotuning and
-workspaces), captured, then replayed. So which micro-batch meets a bucket first (after a resume,
-say) never changes the numbers. All graphs share one memory pool: a replay's temporaries live
-only inside it, and its one output (the loss sums) is read before the next replay is queued.
+bucket is run once eagerly (its gradients put back: this fills autotuning and workspaces),
+captured, then replayed. So which micro-batch meets a bucket first (after a resume, say) never
+changes the numbers.
+
+Memory: all graphs share one pool, and a replay's temporaries live only inside it (its one
+output, the loss sums, is read before the next replay is queued). Session 23 found 50 GiB held
+in the pool after a few 8-token buckets at 128 rows, for two reasons this module now avoids:
+the eager warm-up ran outside the pool on a fresh side stream each time (the caching allocator
+keeps a stream's freed blocks for that stream only, so every warm-up took new memory), and each
+longer bucket's activations fit none of the shorter buckets' freed segments. So the warm-up and
+the capture both run on one stream into the pool (one footprint, reused by every bucket), and
+the allocator uses expandable segments (one growing segment per pool and stream instead of one
+exact-size segment per large tensor).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -100,9 +112,23 @@ class MicroBatchGraphs:
         self.rows = rows
         self.length_multiple = length_multiple
         self.pad_id = pad_id
+        use_expandable_segments()
+        self.stream = torch.cuda.Stream(device)  # warm-ups and captures: one stream, so one set of blocks
         self.pool = torch.cuda.graph_pool_handle()
+        # an empty graph holds the pool open between captures (a warm-up's release would free it)
+        self._keepalive = torch.cuda.CUDAGraph()
+        with warnings.catch_warnings():  # "the CUDA Graph is empty": it is meant to be
+            warnings.simplefilter("ignore")
+            with torch.cuda.graph(self._keepalive, pool=self.pool, stream=self.stream):
+                pass
         self.graphs: dict[tuple[int, int, bool, bool], _Captured] = {}
         self.captures = 0
+
+    def pool_bytes(self) -> int:
+        """Device memory the graphs' pool holds (segments, allocated or cached)."""
+        pool = tuple(self.pool)
+        return sum(s["total_size"] for s in torch.cuda.memory_snapshot()
+                   if tuple(s.get("segment_pool_id", (0, 0))) == pool)
 
     def bucket(self, batch: Batch) -> tuple[int, int]:
         T = batch.input_ids.shape[1]
@@ -138,19 +164,42 @@ class MicroBatchGraphs:
         dev_frozen = None if frozen is None else frozen.pin_memory().to(self.device, non_blocking=True)
         scale = torch.ones((), dtype=torch.float32, device=self.device)
         saved = [p.grad.clone() for p in self.params]
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):  # warm-up: autotuning, workspaces and lazy state, off the capture
+        # warm-up: autotuning, workspaces and lazy state, off the capture, in the pool's memory
+        with self._in_pool():
             self.body(batch, dev_frozen, scale)
-        torch.cuda.current_stream(self.device).wait_stream(side)
         for p, g in zip(self.params, saved, strict=True):
             p.grad.copy_(g)
         del saved
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
             out = self.body(batch, dev_frozen, scale)
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
         self.captures += 1
         return _Captured(graph, batch, dev_frozen, scale, out)
+
+    @contextmanager
+    def _in_pool(self) -> Iterator[None]:
+        """Eager work on the capture stream whose every allocation (the autograd thread's too) comes
+        from the graphs' pool. Nothing else runs meanwhile: the routing is device-wide."""
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        torch._C._cuda_beginAllocateToPool(index, self.pool)
+        try:
+            with torch.cuda.stream(self.stream):
+                yield
+        finally:
+            torch._C._cuda_endAllocateToPool(index, self.pool)
+            torch._C._cuda_releasePool(index, self.pool)
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+
+
+def use_expandable_segments() -> None:
+    """Turn on the allocator's expandable segments unless ``PYTORCH_CUDA_ALLOC_CONF`` chose.
+
+    Each bucket's activations differ in size; with one exact-size segment per large tensor a
+    longer bucket cannot reuse a shorter one's, and the pool grows by each bucket's footprint."""
+    if "expandable_segments" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
 
 
 def _copy_in(entry: _Captured, padded: Batch, frozen: torch.Tensor | None) -> None:

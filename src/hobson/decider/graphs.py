@@ -123,6 +123,7 @@ class MicroBatchGraphs:
                 pass
         self.graphs: dict[tuple[int, int, bool, bool], _Captured] = {}
         self.captures = 0
+        self._grad_ptrs: list[int] = []  # where the captured graphs add the gradients
 
     def pool_bytes(self) -> int:
         """Device memory the graphs' pool holds (segments, allocated or cached)."""
@@ -144,6 +145,10 @@ class MicroBatchGraphs:
         is_padded = any(len(ids) < length for ids in padded.token_ids)
         key = (length, options, is_padded, frozen is not None)
         host_frozen = None if frozen is None else pad_logits(frozen, self.rows, options)
+        if self._grad_ptrs and [p.grad.data_ptr() if p.grad is not None else 0 for p in self.params] != self._grad_ptrs:
+            # a replay adds into the .grad tensors of the first capture; new ones would stay zero
+            raise RuntimeError("the parameters' .grad tensors were replaced since the CUDA graphs were captured; "
+                               "zero them in place (zero_grad(set_to_none=False)) when cuda_graphs is on")
         entry = self.graphs.get(key)
         if entry is None:
             entry = self._capture(padded, host_frozen)
@@ -160,6 +165,7 @@ class MicroBatchGraphs:
         for p in self.params:
             if p.grad is None:  # the graph adds into .grad in place, at addresses fixed from now on
                 p.grad = torch.zeros_like(p)
+        self._grad_ptrs = [p.grad.data_ptr() for p in self.params]
         batch = padded.to(self.device)
         dev_frozen = None if frozen is None else frozen.pin_memory().to(self.device, non_blocking=True)
         scale = torch.ones((), dtype=torch.float32, device=self.device)

@@ -149,7 +149,11 @@ def test_buckets_of_growing_length_share_the_pool_memory(decider_data, config_fa
     print(f"pool after 4 growing buckets {grown / 2**20:.0f} MiB, longest alone {longest / 2**20:.0f} MiB")
     assert longest >= 2 * one  # the body's temporaries did come from the pool
     assert grown <= 1.5 * longest  # unshared: 48+96+144+192 MiB per temporary, 2.5x the longest
-
+    # a replay adds into the .grad tensors there at capture: fresh ones would silently stay zero
+    weight.grad = torch.zeros_like(weight)
+    padded = pad_batch(batch, rows=6, length=32, options=batch.option_pos.shape[1], pad_id=0)
+    with pytest.raises(RuntimeError, match=r"\.grad tensors were replaced since the CUDA graphs were captured"):
+        growing.run(padded, None, 1.0)
 
 
 def _differing(params, grads) -> list[tuple[int, float]]:

@@ -24,7 +24,7 @@ from hobson.rollout.engine import NativeEngine
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
-def _engine(tmp_path: Path, kind: str) -> NativeEngine:
+def _engine(tmp_path: Path, kind: str, keep_decode: bool = True) -> NativeEngine:
     cfg = tiny_config(kind)
     provider = get_provider(cfg)
     actor = provider.build_actor(cfg, seed=0)
@@ -32,7 +32,7 @@ def _engine(tmp_path: Path, kind: str) -> NativeEngine:
     publication.publish(provider, actor, root, 0, model_revision="r", engine_revision="e", dtype=torch.float32)
     engine_gpu = torch.cuda.device_count() - 1
     engine = NativeEngine(provider, dtype=torch.float32, device=f"cuda:{engine_gpu}", eos_id=-1, pad_id=0,
-                          model_revision="r", engine_revision="e")
+                          model_revision="r", engine_revision="e", keep_decode=keep_decode)
     engine.load_publication(publication.version_dir(root, 0))
     return engine
 
@@ -40,8 +40,9 @@ def _engine(tmp_path: Path, kind: str) -> NativeEngine:
 @pytest.mark.parametrize("kind", ["nanbeige", "huginn_raven"])
 def test_graph_replay_samples_as_eager_steps(tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Sampling is inside the decode graph: replays draw each row's noise as eager steps do, also
-    when a warm engine replays the first decode step instead of running it eagerly."""
-    engine = _engine(tmp_path, kind)
+    when a warm engine replays the first decode step instead of running it eagerly, and when a
+    kept graph replays for new seeds and new prompts of the same shape."""
+    engine = _engine(tmp_path, kind, keep_decode=False)
     prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13], [14]]
     seeds = [11, 12, 13, 14]
     captured = []
@@ -56,11 +57,19 @@ def test_graph_replay_samples_as_eager_steps(tmp_path: Path, kind: str, monkeypa
     assert captured == [len(prompts)]
     warm = engine.generate(prompts, seeds, 1.0, 32)  # this batch size is warm: every decode step replayed
     assert captured == [len(prompts)] * 2
+    kept = _engine(tmp_path, kind)
+    kept_runs = [kept.generate(prompts, seeds, 1.0, 32)]  # captures once
+    other_prompts, other_seeds = [[1, 2, 3, 4], [15], [16, 17], [18, 19, 20]], [21, 22, 23, 24]
+    kept_runs.append(kept.generate(other_prompts, other_seeds, 1.0, 32))  # replays the kept graph
+    kept_runs.append(kept.generate(prompts, seeds, 1.0, 32))
+    assert captured == [len(prompts)] * 3
     monkeypatch.setattr(NativeEngine, "_capture", staticmethod(lambda step, cache, gens: None))
     eager = engine.generate(prompts, seeds, 1.0, 32)
-    for run in (graphed, warm):
-        assert [c.tokens for c in run] == [c.tokens for c in eager]
-        assert [c.logprobs for c in run] == [c.logprobs for c in eager]
+    other_eager = engine.generate(other_prompts, other_seeds, 1.0, 32)
+    for run, ref in ((graphed, eager), (warm, eager), (kept_runs[0], eager), (kept_runs[1], other_eager),
+                     (kept_runs[2], eager)):
+        assert [c.tokens for c in run] == [c.tokens for c in ref]
+        assert [c.logprobs for c in run] == [c.logprobs for c in ref]
     assert len({tuple(c.tokens) for c in eager}) == len(prompts)  # rows really sampled, not one argmax
 
 
@@ -69,7 +78,7 @@ def test_graph_replay_samples_as_eager_steps(tmp_path: Path, kind: str, monkeypa
 def test_graph_decode_beside_a_copying_thread(tmp_path: Path, kind: str, copier: str) -> None:
     """``tensorfile``: the checkpoint writer's own path (pinned staging buffers allocated on the
     first write, side streams, pool threads) while the engine captures and replays its graphs."""
-    engine = _engine(tmp_path, kind)
+    engine = _engine(tmp_path, kind, keep_decode=False)  # every generate captures beside the copies
     prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
     seeds = [1, 2, 3]
     quiet = engine.generate(prompts, seeds, 1.0, 24)

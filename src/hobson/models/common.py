@@ -268,6 +268,15 @@ class StaticKVCache:
         self.write_pos.add_(new)
         self.length += new
 
+    def reset(self) -> None:
+        """Empty, for a new prompt batch; the buffers stay where they are (a captured decode graph
+        reads them). Old keys need no clearing: every slot below the write position is rewritten
+        before it is attended to, and the causal mask hides the rest."""
+        self.write_pos.zero_()
+        self.key_mask.zero_()
+        self.length = 0
+        self.meta.clear()
+
 
 def prepare_attention(
     cache: KVCache | None,

@@ -730,6 +730,10 @@ class RLRecipe:
             parts = self.engine.generate_units(units, cfg.temperature, cfg.max_new_tokens)
         else:
             parts = [self.engine.generate(p, s, cfg.temperature, cfg.max_new_tokens) for p, s in units]
+            if (cfg.engine_device or cfg.device) == cfg.device and hasattr(self.engine, "release"):
+                # the trainer needs the engine's KV cache and graph memory on its own GPU; an engine
+                # on another device keeps them, and its next rollout replays the graph it has
+                self.engine.release()
         ro.completions = [c for part in parts for c in part]
         self.secs["rollout"] = _now() - t0
         return ro

@@ -129,6 +129,7 @@ class NativeEngine:
         engine_revision: str,
         cuda_graphs: bool = True,
         warm_start: bool = True,
+        keep_decode: bool = True,
     ) -> None:
         self.provider = provider
         self.dtype = dtype
@@ -148,6 +149,11 @@ class NativeEngine:
         # handles exist, so a later generate can capture its decode graph before any eager step
         self.warm_start = warm_start
         self._warm_batches: set[int] = set()
+        # the last generate's decode (KV cache, step buffers, captured graph), kept so that the
+        # next generate of the same shape reuses it: a capture costs ~1 ms of every Nanbeige
+        # decode step at 48 tokens. release() frees it (a trainer on the same GPU needs the memory)
+        self.keep_decode = keep_decode
+        self._decode: _Decode | None = None
 
     # ------------------------------------------------------------------ publications
     def load_publication(self, pub_dir: str | os.PathLike) -> publication.Manifest:
@@ -226,12 +232,24 @@ class NativeEngine:
         """Commit ``model`` (already verified as ``version``/``digest``) as the one generating.
 
         On a GPU, a model that can stack its projections does (q/k/v, gate/up: one skinny GEMM
-        each instead of three and two); the parameters keep their values, as views.
+        each instead of three and two); the parameters keep their values, as views. While a
+        decode is kept (``keep_decode``) and ``model`` has the served model's tensors by name,
+        shape and dtype, its values are copied into the served model instead: the kept graph
+        reads those tensors' memory, so the next generate replays it with the new weights.
         """
         model.eval()
+        if self._decode is not None and self.model is not None and _copy_into(model, self.model):
+            self.version, self.digest = version, digest
+            return
+        self._decode = None
         if self.device.type == "cuda" and hasattr(model, "fuse_projections"):
             model.fuse_projections()
         self.model, self.version, self.digest = model, version, digest
+
+    def release(self) -> None:
+        """Free the kept decode (its KV cache and graph); the next generate allocates and captures again."""
+        with self._lock:
+            self._decode = None
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
@@ -277,7 +295,8 @@ class NativeEngine:
         kernels, and a Nanbeige step's sampling (softmax, one noise draw per row's generator,
         argmax, log-prob) cost ~2 ms a step when launched one by one from Python. The row
         generators are registered with the graph, so each replay draws exactly the noise an eager
-        step would.
+        step would. With ``keep_decode`` the cache, buffers and graph stay for the next generate
+        of the same shape (:class:`_Decode`), which then captures nothing.
         """
         B = len(prompts)
         dev = self.device
@@ -290,65 +309,37 @@ class NativeEngine:
             attn[b, P - len(p) :] = 1
         # left padding, but each row's first real token sits at position 0, as in training
         pos = (torch.arange(P)[None, :] - (P - lens)[:, None]).clamp(min=0)
+        key = (B, P + max_new, max_new, float(temperature), _addresses(model))
+        run = self._decode if self._decode is not None and self._decode.key == key else None
+        if run is None:
+            self._decode = None  # one kept shape at a time: its cache goes before the next is made
+            run = _Decode(self, model, key, B, P + max_new, max_new, temperature)
+        run.start(seeds, lens, self._decode_latents(model, seeds, lens, max_new))
         kw = forward_kwargs(model, seeds)
-        cache = self._new_cache(model, B, P + max_new)
-        static = isinstance(cache, StaticKVCache)  # only its indices live on the device (graph-safe)
-        logits = model.prefill(ids.to(dev), cache, attention_mask=attn.to(dev), position_ids=pos.to(dev), **kw)[:, -1]
-
-        gens = [torch.Generator(device=dev).manual_seed(int(s)) for s in seeds]
-        # every per-step value lives in a fixed buffer, which a captured graph reads and writes
-        out_tok = torch.zeros(B, max_new, dtype=torch.long, device=dev)
-        out_lp = torch.zeros(B, max_new, dtype=torch.float32, device=dev)
-        done = torch.zeros(B, dtype=torch.bool, device=dev)
-        n_valid = torch.zeros(B, dtype=torch.long, device=dev)
-        tok = torch.zeros(B, dtype=torch.long, device=dev)
-        step_at = torch.zeros(1, dtype=torch.long, device=dev)  # index of the token last sampled
-        feed = torch.zeros(B, dtype=torch.long, device=dev)
-        live = torch.ones(B, 1, dtype=torch.long, device=dev)
-        next_pos = lens[:, None].to(dev)
-        latents = self._decode_latents(model, seeds, lens, max_new)  # Huginn: (B, max_new - 1, E)
-        if latents is not None:
-            kw["latent_state"] = latents[:, :1].clone()
-
-        def record(logits: Tensor) -> None:
-            tok.copy_(self._sample(logits, temperature, gens))
-            out_tok.index_copy_(1, step_at, tok[:, None])
-            lp = token_logprobs(logits[:, None], tok[:, None], temperature or 1.0)
-            out_lp.index_copy_(1, step_at, lp)
-            n_valid.add_((~done).long())
-            done.logical_or_(tok == self.eos_id)
-
-        def decode_and_record() -> None:
-            feed.copy_(torch.where(done, torch.full_like(tok, self.pad_id), tok))
-            live.copy_((~done).long()[:, None])
-            if latents is not None:
-                kw["latent_state"].copy_(latents.index_select(1, step_at))
-            logits = model.decode_step(feed, cache, attention_mask=live, position_ids=next_pos, **kw)
-            next_pos.add_(1)
-            step_at.add_(1)
-            record(logits)
-
-        record(logits)
-        graph = None
-        graphs = static and dev.type == "cuda" and self.cuda_graphs
-        if graphs and self.warm_start and B in self._warm_batches and max_new > 2:
+        logits = model.prefill(ids.to(dev), run.cache, attention_mask=attn.to(dev), position_ids=pos.to(dev), **kw)
+        run.record(logits[:, -1])
+        graphs = run.static and dev.type == "cuda" and self.cuda_graphs
+        if graphs and run.graph is None and self.warm_start and B in self._warm_batches and max_new > 2:
             # the first decode step is replayed too: an eager step launches every kernel from
             # Python (a Nanbeige step ~30 ms, a Huginn step ~130 ms, against ~6 and ~40 replayed);
             # a replay draws the same noise as an eager step, so the tokens do not change
-            graph = self._capture(decode_and_record, cache, gens)
+            run.graph = self._capture(run.step, run.cache, run.gens)
         sync_every = SYNC_EVERY if dev.type == "cuda" else 1
         for step in range(1, max_new):
-            if step % sync_every == 0 and bool(done.all()):
+            if step % sync_every == 0 and bool(run.done.all()):
                 break
-            if graph is not None:
-                graph.replay()
+            if run.graph is not None:
+                run.graph.replay()
                 continue
-            decode_and_record()
+            run.step()
             if graphs:
                 self._warm_batches.add(B)
                 if step + 1 < max_new:
-                    graph = self._capture(decode_and_record, cache, gens)
-        return out_tok.tolist(), out_lp.tolist(), n_valid.tolist()
+                    run.graph = self._capture(run.step, run.cache, run.gens)
+        out = run.out_tok.tolist(), run.out_lp.tolist(), run.n_valid.tolist()
+        if self.keep_decode and run.static:
+            self._decode = run
+        return out
 
     @staticmethod
     def _new_cache(model: nn.Module, batch: int, capacity: int) -> Any:
@@ -404,4 +395,93 @@ class NativeEngine:
         return (probs / noise).argmax(dim=-1)
 
     def close(self) -> None:
+        self._decode = None
         self.model = None
+
+
+def _addresses(model: nn.Module) -> tuple[int, ...]:
+    """Where every tensor of ``model`` lives (parameters, buffers and plain tensor attributes such
+    as stacked projections): a kept decode graph is valid only while none of them moved."""
+    out = []
+    for m in model.modules():
+        out += [t.data_ptr() for t in m._parameters.values() if t is not None]
+        out += [t.data_ptr() for t in m._buffers.values() if t is not None]
+        out += [t.data_ptr() for t in vars(m).values() if isinstance(t, Tensor)]
+    return tuple(out)
+
+
+@torch.no_grad()
+def _copy_into(src: nn.Module, dst: nn.Module) -> bool:
+    """Copy ``src``'s parameters and buffers into ``dst``'s, in place; False (nothing copied) unless
+    both have the same names, shapes and dtypes."""
+    a = dict(src.named_parameters(remove_duplicate=False)) | dict(src.named_buffers(remove_duplicate=False))
+    b = dict(dst.named_parameters(remove_duplicate=False)) | dict(dst.named_buffers(remove_duplicate=False))
+    if a.keys() != b.keys() or any(a[k].shape != b[k].shape or a[k].dtype != b[k].dtype for k in a):
+        return False
+    for k, t in a.items():
+        b[k].copy_(t)
+    return True
+
+
+class _Decode:
+    """One generate's decode state: the KV cache, the fixed buffers every step reads and writes (a
+    captured graph reads and writes them in place), the rows' generators and the captured step.
+    ``start`` re-seeds and clears them, so a kept one serves the next generate of the same shape
+    exactly as a new one would."""
+
+    def __init__(self, engine: NativeEngine, model: nn.Module, key: tuple, B: int, capacity: int, max_new: int,
+                 temperature: float) -> None:
+        dev = engine.device
+        self.key, self.model, self.temperature = key, model, temperature
+        self.eos_id, self.pad_id = engine.eos_id, engine.pad_id
+        self.cache = engine._new_cache(model, B, capacity)
+        self.static = isinstance(self.cache, StaticKVCache)  # only its indices live on the device (graph-safe)
+        self.gens = [torch.Generator(device=dev) for _ in range(B)]
+        self.out_tok = torch.zeros(B, max_new, dtype=torch.long, device=dev)
+        self.out_lp = torch.zeros(B, max_new, dtype=torch.float32, device=dev)
+        self.done = torch.zeros(B, dtype=torch.bool, device=dev)
+        self.n_valid = torch.zeros(B, dtype=torch.long, device=dev)
+        self.tok = torch.zeros(B, dtype=torch.long, device=dev)
+        self.step_at = torch.zeros(1, dtype=torch.long, device=dev)  # index of the token last sampled
+        self.feed = torch.zeros(B, dtype=torch.long, device=dev)
+        self.live = torch.ones(B, 1, dtype=torch.long, device=dev)
+        self.next_pos = torch.zeros(B, 1, dtype=torch.long, device=dev)
+        self.kw = forward_kwargs(model, [0] * B)  # a decode step reads its latents, never the seeds
+        self.latents: Tensor | None = None  # Huginn: every decode position's initial state
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    def start(self, seeds: list[int], lens: Tensor, latents: Tensor | None) -> None:
+        for g, s in zip(self.gens, seeds, strict=True):
+            g.manual_seed(int(s))
+        for t in (self.out_tok, self.out_lp, self.done, self.n_valid, self.tok, self.step_at, self.feed):
+            t.zero_()
+        self.live.fill_(1)
+        self.next_pos.copy_(lens[:, None])
+        if latents is not None:
+            if self.latents is None:
+                self.latents = torch.empty_like(latents)
+                self.kw["latent_state"] = torch.empty_like(latents[:, :1])
+            self.latents.copy_(latents)
+            self.kw["latent_state"].copy_(latents[:, :1])
+        if hasattr(self.cache, "reset"):
+            self.cache.reset()
+
+    def record(self, logits: Tensor) -> None:
+        self.tok.copy_(NativeEngine._sample(logits, self.temperature, self.gens))
+        self.out_tok.index_copy_(1, self.step_at, self.tok[:, None])
+        lp = token_logprobs(logits[:, None], self.tok[:, None], self.temperature or 1.0)
+        self.out_lp.index_copy_(1, self.step_at, lp)
+        self.n_valid.add_((~self.done).long())
+        self.done.logical_or_(self.tok == self.eos_id)
+
+    def step(self) -> None:
+        """One decode step and its sampling, on the fixed buffers (what a graph captures)."""
+        self.feed.copy_(torch.where(self.done, torch.full_like(self.tok, self.pad_id), self.tok))
+        self.live.copy_((~self.done).long()[:, None])
+        if self.latents is not None:
+            self.kw["latent_state"].copy_(self.latents.index_select(1, self.step_at))
+        logits = self.model.decode_step(self.feed, self.cache, attention_mask=self.live, position_ids=self.next_pos,
+                                        **self.kw)
+        self.next_pos.add_(1)
+        self.step_at.add_(1)
+        self.record(logits)

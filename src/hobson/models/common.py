@@ -332,6 +332,28 @@ def finish_step(cache: KVCache | None, new: int, key_mask: Tensor | None) -> Non
         cache.key_mask = key_mask
 
 
+def cache_attend(
+    cache: KVCache | StaticKVCache | None, slot: Any, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None
+) -> Tensor:
+    """Store this forward's ``k``, ``v`` in ``cache`` (if any) and attend ``q`` over the cache.
+
+    A decode step of the engine (inside :class:`fused_kernels`, on CUDA, one token, a fixed-capacity
+    cache) does both in one kernel per layer (:mod:`hobson.models.decode_attention`); everything
+    else writes with ``cache.update`` and attends with :func:`attend`, as before.
+    """
+    if cache is None:
+        return attend(q, k, v, attn_mask)
+    if (_FUSED["on"] and q.is_cuda and isinstance(cache, StaticKVCache) and slot in cache.streams
+            and cache._new is not None and cache._new.numel() == 1):
+        from hobson.models import decode_attention
+
+        kb, vb = cache.streams[slot]
+        if decode_attention.enabled() and decode_attention.usable(q, kb):
+            return decode_attention.attend(q, k, v, kb, vb, cache.key_mask, cache._new)
+    k, v = cache.update(slot, k, v)
+    return attend(q, k, v, attn_mask)
+
+
 def attend(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None) -> Tensor:
     """Scaled dot-product attention ``(B, H, T, D) × (B, Hkv, S, D) -> (B, H, T, D)``.
 

@@ -42,7 +42,7 @@ from hobson.models.common import (
     RMSNorm,
     StaticKVCache,
     add_rms_norm,
-    attend,
+    cache_attend,
     checkpointed,
     finish_step,
     fused,
@@ -413,9 +413,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.Wqkv(x).view(B, T, 3, self.n_head, self.head_dim).unbind(2)  # each (B, T, H, D)
         q, k = bias_rope_qk(q, k, self.qk_bias, freqs, x.dtype)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
-        if cache is not None:
-            k, v = cache.update(slot, k, v)
-        y = attend(q, k, v, mask)
+        y = cache_attend(cache, slot, q, k, v, mask)
         return self.proj(y.transpose(1, 2).reshape(B, T, E))
 
 

@@ -27,7 +27,7 @@ from hobson.models.common import (
     RMSNorm,
     StaticKVCache,
     add_rms_norm,
-    attend,
+    cache_attend,
     checkpointed,
     finish_step,
     fused,
@@ -220,9 +220,7 @@ class Attention(nn.Module):
         k = k.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         v = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         q, k = rope_qk(q, k, cos, sin)
-        if cache is not None:
-            k, v = cache.update(slot, k, v)
-        y = attend(q, k, v, mask)
+        y = cache_attend(cache, slot, q, k, v, mask)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
 

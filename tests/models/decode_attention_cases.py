@@ -1,0 +1,41 @@
+"""One decode step's attention through the kernel and through the path it replaces, on identical caches
+(shared by the CPU test, under Triton's interpreter, and the GPU test)."""
+
+from __future__ import annotations
+
+import torch
+
+from hobson.models import decode_attention
+from hobson.models.common import StaticKVCache, attend
+
+
+def reference_and_kernel(B: int, H: int, hkv: int, D: int, cap: int, pos: int, dtype: torch.dtype, device: str,
+                         seed: int = 0) -> tuple[tuple, tuple]:
+    """One decode step at write position ``pos`` through both paths, on identical caches that hold
+    random keys before ``pos`` and garbage (stale values of an earlier prompt) after it."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
+
+    q, k, v = rnd(B, H, 1, D), rnd(B, hkv, 1, D), rnd(B, hkv, 1, D)
+    kc, vc = rnd(B, hkv, cap, D) * 3, rnd(B, hkv, cap, D) * 3
+    key_mask = torch.rand(B, cap, generator=g) < 0.7  # padding and finished rows: keys never attended
+    key_mask[0, :pos] = True
+    key_mask = key_mask.to(device)
+    outs = []
+    for fused in (False, True):
+        cache = StaticKVCache(B, cap, device)
+        cache.streams["s"] = (kc.clone(), vc.clone())
+        cache.write_pos.fill_(pos)
+        cache.length = pos
+        cache.key_mask.copy_(key_mask)
+        positions, mask = cache.prepare(torch.ones(B, 1, dtype=torch.long), B, 1, None)
+        if fused:
+            kb, vb = cache.streams["s"]
+            y = decode_attention.attend(q, k, v, kb, vb, cache.key_mask, cache._new)
+        else:
+            kb, vb = cache.update("s", k, v)
+            y = attend(q, kb, vb, mask)
+        outs.append((y, *cache.streams["s"]))
+    return outs[0], outs[1]

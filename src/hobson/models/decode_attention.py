@@ -57,7 +57,7 @@ def _kernel():  # noqa: ANN202 - a triton JIT function
     ):
         b = tl.program_id(0)
         h = tl.program_id(1)
-        pos = tl.load(POS)
+        pos = tl.load(POS).to(tl.int32)
         g = tl.arange(0, GP)
         d = tl.arange(0, DP)
         gm = g < G

@@ -35,26 +35,32 @@ def check(case: dict) -> dict:
     """Every position of ``case`` through both paths; the largest difference and whether the
     cache writes and a repeat are bit-identical."""
     out = {"max_diff": 0.0, "cache_equal": True, "contiguous": True, "repeat_equal": True}
+    dtype = getattr(torch, case.get("dtype", "float32"))
     for pos in case["positions"]:
         (y_ref, k_ref, v_ref), (y, k, v) = reference_and_kernel(3, case["H"], case["hkv"], case["D"], 48, pos,
-                                                                torch.float32, "cpu", seed=pos)
+                                                                dtype, "cpu", seed=pos)
         assert y.shape == y_ref.shape == (3, case["H"], 1, case["D"])
-        out["max_diff"] = max(out["max_diff"], float((y - y_ref).abs().max()))
+        rel = (y.float() - y_ref.float()).abs().max() / y_ref.float().abs().max()
+        out["max_diff"] = max(out["max_diff"], float(rel))
         out["cache_equal"] &= torch.equal(k, k_ref) and torch.equal(v, v_ref)
         out["contiguous"] &= y.transpose(1, 2).is_contiguous()
         out["repeat_equal"] &= torch.equal(y, reference_and_kernel(3, case["H"], case["hkv"], case["D"], 48, pos,
-                                                                   torch.float32, "cpu", seed=pos)[1][0])
+                                                                   dtype, "cpu", seed=pos)[1][0])
     return out
 
 
-@pytest.mark.parametrize(("H", "hkv", "D"), [(8, 2, 32), (4, 4, 24), (6, 2, 16)])
-def test_interpreted_kernel_matches_update_then_attend(H: int, hkv: int, D: int) -> None:
+@pytest.mark.parametrize(("H", "hkv", "D", "dtype"), [(8, 2, 32, "float32"), (4, 4, 24, "float32"),
+                                                      (6, 2, 16, "float32"), (8, 2, 32, "float16")])
+def test_interpreted_kernel_matches_update_then_attend(H: int, hkv: int, D: int, dtype: str) -> None:
     """GQA folds (4 and 3 query heads per KV head) and none, a head size below a power of two,
-    write positions at and across the kernel's 32-slot blocks (stale keys after them): fp32 within
-    float rounding, the cache holding exactly what ``update`` writes, a repeat bit for bit, and
-    the output laid out so the caller's transpose back to ``(B, 1, H, D)`` copies nothing."""
-    res = _interpreted({"H": H, "hkv": hkv, "D": D, "positions": [0, 1, 31, 32, 45]})
-    assert res["max_diff"] < 1e-5, res
+    write positions at and across the kernel's 32-slot blocks (stale keys after them): within
+    float rounding (relative to the largest output; fp16 rounds the softmax weights to 16 bits
+    before the second product, as flash attention does), the cache holding exactly what
+    ``update`` writes, a repeat bit for bit, and the output laid out so the caller's transpose
+    back to ``(B, 1, H, D)`` copies nothing. (bf16 runs on the GPU only: the interpreter's bf16
+    products are wrong, 2.6e10 off for a 16 × 16 tl.dot in Triton 3.6 and 3.9.)"""
+    res = _interpreted({"H": H, "hkv": hkv, "D": D, "dtype": dtype, "positions": [0, 1, 31, 32, 45]})
+    assert res["max_diff"] < (1e-5 if dtype == "float32" else 2e-3), res
     assert res["cache_equal"] and res["contiguous"] and res["repeat_equal"], res
 
 

@@ -84,6 +84,9 @@ def test_pad_batch_refuses_a_batch_larger_than_its_bucket(decider_data):
 def test_cuda_graphs_settings_that_cannot_run_are_refused(config_factory, tmp_path):
     with pytest.raises(ConfigError, match="lora_dropout: 0"):
         load_train_config(config_factory(tmp_path / "a.yaml", tmp_path / "a", cuda_graphs=True, lora_dropout=0.1))
+    with pytest.raises(ConfigError, match="cannot capture attn_implementation: eager"):
+        load_train_config(config_factory(tmp_path / "e.yaml", tmp_path / "e", cuda_graphs=True,
+                                         attn_implementation="eager"))
     with pytest.raises(ConfigError, match=r"b.yaml:\d+: 'graph_length_multiple' must be >= 1, got 0"):
         load_train_config(config_factory(tmp_path / "b.yaml", tmp_path / "b", graph_length_multiple=0))
     cfg = load_train_config(config_factory(tmp_path / "c.yaml", tmp_path / "c", cuda_graphs=True, device="cpu"))

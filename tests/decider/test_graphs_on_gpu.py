@@ -3,13 +3,15 @@
 replays through the same graph, and a run stopped and resumed (its graphs captured again, in
 another order) ends bit-identical to the uninterrupted one.
 
-The torso attends with ``attn_implementation: eager``: SDPA's memory-efficient backward (the one
-that runs fp32 and these head sizes) adds with atomics, so two eager backwards of the same batch
-already differ in their last bits (session 23's first GPU run of this test showed it) and bit
-equality would test the attention kernel, not the graphs."""
+SDPA runs its math backend only (``math_sdpa``): the memory-efficient backward (the one that runs
+fp32 and these head sizes) adds with atomics, so two eager backwards of the same batch already
+differ in their last bits (session 23's first GPU run of this test showed it) and bit equality
+would test the attention kernel, not the graphs. (``attn_implementation: eager`` cannot be
+captured: transformers' eager mask copies a number from the host inside the step, session 25.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -24,13 +26,25 @@ from hobson.io import read_jsonl
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
+@pytest.fixture(autouse=True)
+def math_sdpa():
+    """SDPA's math backend only (plain matmuls and softmax: no atomics), restored afterwards."""
+    flags = {name: getattr(torch.backends.cuda, f"{name}_sdp_enabled")()
+             for name in ("flash", "mem_efficient", "cudnn", "math")}
+    for name in ("flash", "mem_efficient", "cudnn"):
+        getattr(torch.backends.cuda, f"enable_{name}_sdp")(False)
+    torch.backends.cuda.enable_math_sdp(True)
+    yield
+    for name, on in flags.items():
+        getattr(torch.backends.cuda, f"enable_{name}_sdp")(on)
+
+
 @pytest.mark.parametrize("bf16", [False, True])
 @pytest.mark.parametrize("precompute", [False, True])
 def test_a_replayed_micro_batch_is_the_eager_one_bit_for_bit(decider_data, config_factory, tmp_path, bf16,
                                                              precompute):
     cfg = load_train_config(config_factory(tmp_path / "c.yaml", tmp_path / "out", device="cuda", bf16=bf16,
-                                           cuda_graphs=True, micro_batch_size=6, precompute_frozen_kl=precompute,
-                                           attn_implementation="eager"))
+                                           cuda_graphs=True, micro_batch_size=6, precompute_frozen_kl=precompute))
     recipe = DeciderTrainRecipe(cfg)
     try:
         recipe.setup()
@@ -88,7 +102,7 @@ def test_a_graphed_run_stopped_and_resumed_ends_bit_identical(config_factory, tm
     def run(name: str, **over) -> list[dict]:
         cfg = load_train_config(config_factory(tmp_path / f"{name}.yaml", tmp_path / name, device="cuda", bf16=True,
                                                cuda_graphs=True, graph_length_multiple=16, max_steps=6,
-                                               attn_implementation="eager", **over))
+                                               **over))
         capsys.readouterr()
         assert recipe_main(cfg) == 0
         lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
@@ -113,7 +127,7 @@ def test_buckets_of_growing_length_share_the_pool_memory(decider_data, config_fa
     one alone (session 23: 50 GiB after a few 8-token buckets at 128 rows). The body's
     temporaries grow with the bucket's length, 48 MiB per 32 tokens each, as activations do."""
     cfg = load_train_config(config_factory(tmp_path / "c.yaml", tmp_path / "out", device="cuda", cuda_graphs=True,
-                                           micro_batch_size=6, attn_implementation="eager"))
+                                           micro_batch_size=6))
     recipe = DeciderTrainRecipe(cfg)
     try:
         recipe.setup()
@@ -121,6 +135,8 @@ def test_buckets_of_growing_length_share_the_pool_memory(decider_data, config_fa
         batch = recipe.collator.collate([(i, rows[i]) for i in range(6)])
     finally:
         recipe.cleanup()
+    # the body reads only the padded size: the rows cut to the first bucket's 32 tokens
+    batch = dataclasses.replace(batch, input_ids=batch.input_ids[:, :32], attention_mask=batch.attention_mask[:, :32])
     weight = torch.nn.Parameter(torch.ones(4, device="cuda"))
 
     def body(b, frozen, scale):

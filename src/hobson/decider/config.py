@@ -204,6 +204,12 @@ class TrainConfig:
             problems.append(f"cuda_graphs: true replays each micro-batch's kernels, and LoRA dropout's random draws "
                             f"would then depend on when a shape was captured; set lora_dropout: 0 (now "
                             f"{self.lora_dropout}) or cuda_graphs: false")
+        if self.cuda_graphs and self.attn_implementation == "eager":
+            # transformers' eager mask builder makes its 0.0 with torch.tensor(0.0, device=...), a
+            # copy from host memory inside the step, which CUDA graph capture refuses (H100, session 25)
+            problems.append("cuda_graphs: true cannot capture attn_implementation: eager (its mask builder "
+                            "copies from the host inside the step); use attn_implementation: sdpa or "
+                            "cuda_graphs: false")
         if self.cuda_graphs and self.host_embeddings:
             problems.append("cuda_graphs: true cannot replay host_embeddings' copies through host memory; "
                             "set one of them to false")

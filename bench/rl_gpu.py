@@ -116,17 +116,20 @@ def hf_style_generate(model, prompts: torch.Tensor, seeds: list[int], new_tokens
 
 
 @contextlib.contextmanager
-def skinny_gemm(on: bool):
-    """The engine's batch-16 decode GEMM kernel on or off (off: cuBLAS, as before session 12)."""
-    prev = os.environ.get("HOBSON_SKINNY_GEMM")
-    os.environ["HOBSON_SKINNY_GEMM"] = "1" if on else "0"
+def kernels(skinny: bool, attention: bool):
+    """The engine's decode kernels on or off: the batch-16 GEMM (off: cuBLAS, as before session 12)
+    and the one-kernel decode attention (off: cache writes and SDPA, as before session 25)."""
+    flags = {"HOBSON_SKINNY_GEMM": skinny, "HOBSON_DECODE_ATTENTION": attention}
+    prev = {k: os.environ.get(k) for k in flags}
+    os.environ.update({k: "1" if on else "0" for k, on in flags.items()})
     try:
         yield
     finally:
-        if prev is None:
-            del os.environ["HOBSON_SKINNY_GEMM"]
-        else:
-            os.environ["HOBSON_SKINNY_GEMM"] = prev
+        for k, v in prev.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
 
 
 def logprob_gap(e: NativeEngine, model, plist: list[list[int]], seeds: list[int], N: int, T: float) -> float:
@@ -173,12 +176,20 @@ def part_rollout(args, res: dict) -> None:
     # fp32 kernel off) and an eager first decode step in every generate (no warm start)
     before = "native engine (CUDA graphs), before session 12"
     # and as it was before session 25: the decode graph captured again in every generate (now the
-    # engine keeps it for the next generate of the same shape, as a rollout GPU of its own does)
-    recapture = "native engine (CUDA graphs), captured every generate"
-    for name, graphs, new, keep in (("native engine (CUDA graphs)", True, True, True), (recapture, True, True, False),
-                                    (before, True, False, False), ("native engine (eager)", False, False, False)):
-        e = engine(graphs, warm_start=new, keep=keep)
-        with skinny_gemm(new):
+    # engine keeps it for the next generate of the same shape, as a rollout GPU of its own does),
+    # and attention through cache writes and SDPA (now one kernel per layer); then the kept graph
+    # alone, to tell the two apart
+    recapture = "native engine (CUDA graphs), before session 25"
+    sdpa = "native engine (CUDA graphs), kept graph, SDPA attention"
+    # name: (graphs, warm start, keep the decode, skinny GEMM, decode-attention kernel)
+    engines = {"native engine (CUDA graphs)": (True, True, True, True, True),
+               recapture: (True, True, False, True, False),
+               sdpa: (True, True, True, True, False),
+               before: (True, False, False, False, False),
+               "native engine (eager)": (False, False, False, False, False)}
+    for name, (graphs, warm, keep, skinny, attention) in engines.items():
+        e = engine(graphs, warm_start=warm, keep=keep)
+        with kernels(skinny, attention):
             e.generate(plist[:2], seeds[:2], T, 4)  # warm-up
             prefill = best(lambda e=e: e.generate(plist, seeds, T, 1), 2, dev)
             total = best(lambda e=e: e.generate(plist, seeds, T, N), 2, dev)
@@ -225,12 +236,15 @@ def part_rollout(args, res: dict) -> None:
               f"{gap} |")
     fast, old = rows["native engine (CUDA graphs)"], rows[before]
     out["vs_before_session_12"] = old["decode_ms_per_step"] / fast["decode_ms_per_step"]
-    out["vs_captured_every_generate"] = rows[recapture]["decode_ms_per_step"] / fast["decode_ms_per_step"]
+    out["vs_before_session_25"] = rows[recapture]["decode_ms_per_step"] / fast["decode_ms_per_step"]
+    out["vs_sdpa_attention"] = rows[sdpa]["decode_ms_per_step"] / fast["decode_ms_per_step"]
     out["decode_ms_per_step"] = fast["decode_ms_per_step"]
     print(f"\nthe engine before session 12 -> now, same run: {old['decode_ms_per_step']:.2f} -> "
-          f"{fast['decode_ms_per_step']:.2f} ms/step ({out['vs_before_session_12']:.2f}x); capturing in every "
-          f"generate -> keeping the graph: {rows[recapture]['decode_ms_per_step']:.2f} -> "
-          f"{fast['decode_ms_per_step']:.2f} ms/step ({out['vs_captured_every_generate']:.2f}x)")
+          f"{fast['decode_ms_per_step']:.2f} ms/step ({out['vs_before_session_12']:.2f}x); before session 25 -> "
+          f"now: {rows[recapture]['decode_ms_per_step']:.2f} -> {fast['decode_ms_per_step']:.2f} ms/step "
+          f"({out['vs_before_session_25']:.2f}x), of which the attention kernel "
+          f"{rows[sdpa]['decode_ms_per_step']:.2f} -> {fast['decode_ms_per_step']:.2f} "
+          f"({out['vs_sdpa_attention']:.2f}x)")
     if args.kind == "huginn_raven":
         ref = REFERENCE_HUGINN
         nat = rows["native engine (CUDA graphs)"]

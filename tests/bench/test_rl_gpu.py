@@ -26,12 +26,13 @@ def test_rollout_and_publish_parts_tiny_on_cpu(tmp_path: Path) -> None:
     res = json.loads(out.read_text())
     assert "rollout_error" not in res and "publish_error" not in res, res
     engines = res["rollout"]["engines"]
-    # the engine as it was before session 12, and before it kept its decode graph between generates,
-    # run beside it (bench/rl_gpu.py's same-run baselines)
+    # the engine as it was before session 12 and before session 25 (the decode graph captured in
+    # every generate, SDPA attention), and with the kept graph but SDPA, beside it (same-run baselines)
     assert set(engines) == {"native engine (CUDA graphs)", "native engine (CUDA graphs), before session 12",
-                            "native engine (CUDA graphs), captured every generate",
+                            "native engine (CUDA graphs), before session 25",
+                            "native engine (CUDA graphs), kept graph, SDPA attention",
                             "native engine (eager)", "plain HF-style generate"}
-    assert res["rollout"]["vs_captured_every_generate"] > 0
+    assert res["rollout"]["vs_before_session_25"] > 0 and res["rollout"]["vs_sdpa_attention"] > 0
     # decode ms/step is (total - prefill) / (new - 1), two separately timed runs: at this size timing
     # noise can make it negative, so only its presence is checked here, not its sign
     assert all(e["tokens_per_s"] > 0 and math.isfinite(e["decode_ms_per_step"]) for e in engines.values())

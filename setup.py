@@ -27,9 +27,9 @@ GPU = ["flash-linear-attention>=0.6", "liger-kernel>=0.8.5"]
 # `serve`: an ASGI framework and its server; httpx is what the tests talk to it with
 SERVE = ["starlette>=0.37", "uvicorn>=0.30"]
 # pytest-timeout: a hung test fails on its own (with its stacks) instead of stalling CI to its limit
-# triton: the decode kernels' CPU tests run them in Triton's interpreter (CPU torch does not bring it)
-DEV = ["pytest>=8", "pytest-timeout>=2.1", "ruff>=0.6", "moto[server]>=5.0", "scipy>=1.10", "httpx>=0.27",
-       "triton>=3.6"]
+# (not triton, which the decode kernels' CPU test would run in its interpreter: installed beside
+# CPU torch it breaks the vLLM overlay, which inherits this site-packages and cannot remove it)
+DEV = ["pytest>=8", "pytest-timeout>=2.1", "ruff>=0.6", "moto[server]>=5.0", "scipy>=1.10", "httpx>=0.27"]
 
 # The launcher, the job entry points and the AWS runner stay top-level folders of the checkout
 # (``python launch/submit.py``, ``python -m jobs.<name>`` from the repo root) but are installed

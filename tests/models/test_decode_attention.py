@@ -3,9 +3,10 @@
 On a CPU the kernel runs in Triton's interpreter, where it needs the triton package only. CPU
 torch does not bring it, and CI does not install it (beside CPU torch it breaks the vLLM overlay
 of tests/vllm_env.sh), so there these tests skip; a GPU host's torch brings triton, and after
-``pip install triton`` a CPU host runs them too (session 25: 4 passed, triton 3.6.0 and 3.9.0). The interpreter must be chosen before triton is
-first imported (``TRITON_INTERPRET=1`` then builds ``triton.language`` for it), so each check runs
-in a fresh process. tests/models/test_decode_attention_on_gpu.py runs the kernel compiled.
+``pip install triton`` a CPU host runs them too (session 25: 4 passed, triton 3.6.0 and 3.9.0).
+The interpreter must be chosen before triton is first imported (``TRITON_INTERPRET=1`` then
+builds ``triton.language`` for it), so each check runs in a fresh process.
+tests/models/test_decode_attention_on_gpu.py runs the kernel compiled.
 """
 
 from __future__ import annotations

@@ -105,7 +105,8 @@ def enabled() -> bool:
 
 
 def usable(q: Tensor, kcache: Tensor) -> bool:
-    """One query token, the cache's dtype, and a head size the kernel takes (a multiple of 16 up to 256)."""
+    """One query token in the cache's dtype, a supported dtype, a head size up to 256 (padded to a
+    power of two inside the kernel), and whole groups of query heads per KV head."""
     return (q.shape[2] == 1 and q.dtype == kcache.dtype and q.dtype in (torch.float32, torch.bfloat16, torch.float16)
             and q.shape[-1] <= 256 and q.shape[1] % kcache.shape[1] == 0)
 

@@ -7,12 +7,18 @@ import torch
 
 from hobson.models import decode_attention
 from hobson.models.common import StaticKVCache, attend
+from hobson.models.nanbeige import apply_rope, rope_cos_sin
 
 
 def reference_and_kernel(B: int, H: int, hkv: int, D: int, cap: int, pos: int, dtype: torch.dtype, device: str,
-                         seed: int = 0) -> tuple[tuple, tuple]:
+                         seed: int = 0, rope: bool = False, plan: decode_attention.Plan | None = None
+                         ) -> tuple[tuple, tuple]:
     """One decode step at write position ``pos`` through both paths, on identical caches that hold
-    random keys before ``pos`` and garbage (stale values of an earlier prompt) after it."""
+    random keys before ``pos`` and garbage (stale values of an earlier prompt) after it.
+
+    ``rope``: the reference rotates ``q`` and ``k`` with Nanbeige's :func:`apply_rope` (eager) at
+    position ``pos`` before the cache update; the kernel rotates them itself. ``plan``: the kernel's
+    launch (default :func:`decode_attention.plan`)."""
     g = torch.Generator().manual_seed(seed)
 
     def rnd(*shape: int) -> torch.Tensor:
@@ -23,6 +29,7 @@ def reference_and_kernel(B: int, H: int, hkv: int, D: int, cap: int, pos: int, d
     key_mask = torch.rand(B, cap, generator=g) < 0.7  # padding and finished rows: keys never attended
     key_mask[0, :pos] = True
     key_mask = key_mask.to(device)
+    cos, sin = rope_cos_sin(torch.full((B, 1), pos, device=device), D, 70_000_000.0 if D > 64 else 10_000.0)
     outs = []
     for fused in (False, True):
         cache = StaticKVCache(B, cap, device)
@@ -33,9 +40,11 @@ def reference_and_kernel(B: int, H: int, hkv: int, D: int, cap: int, pos: int, d
         positions, mask = cache.prepare(torch.ones(B, 1, dtype=torch.long), B, 1, None)
         if fused:
             kb, vb = cache.streams["s"]
-            y = decode_attention.attend(q, k, v, kb, vb, cache.key_mask, cache._new)
+            y = decode_attention.attend(q, k, v, kb, vb, cache.key_mask, cache._new,
+                                        rope=(cos, sin) if rope else None, p=plan)
         else:
-            kb, vb = cache.update("s", k, v)
-            y = attend(q, kb, vb, mask)
+            qr, kr = (apply_rope(q, cos, sin), apply_rope(k, cos, sin)) if rope else (q, k)
+            kb, vb = cache.update("s", kr, v)
+            y = attend(qr, kb, vb, mask)
         outs.append((y, *cache.streams["s"]))
     return outs[0], outs[1]

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hobson.models import decode_attention
 from tests.models.decode_attention_cases import reference_and_kernel
 
 pytest.importorskip("triton", reason="the kernel is Triton; CPU torch does not bring it (pip install triton)")
@@ -35,20 +36,22 @@ def _interpreted(case: dict) -> dict:
 
 
 def check(case: dict) -> dict:
-    """Every position of ``case`` through both paths; the largest difference and whether the
-    cache writes and a repeat are bit-identical."""
-    out = {"max_diff": 0.0, "cache_equal": True, "contiguous": True, "repeat_equal": True}
+    """Every position of ``case`` through both paths; the largest difference of the outputs and of
+    the cache writes, and whether the cache writes and a repeat are bit-identical."""
+    out = {"max_diff": 0.0, "cache_diff": 0.0, "cache_equal": True, "contiguous": True, "repeat_equal": True}
     dtype = getattr(torch, case.get("dtype", "float32"))
+    plan = decode_attention.Plan(block=case.get("block", decode_attention.BLOCK), dot=case.get("dot", True))
+    kw = {"rope": case.get("rope", False), "plan": plan}
     for pos in case["positions"]:
-        (y_ref, k_ref, v_ref), (y, k, v) = reference_and_kernel(3, case["H"], case["hkv"], case["D"], 48, pos,
-                                                                dtype, "cpu", seed=pos)
+        args = (3, case["H"], case["hkv"], case["D"], 48, pos, dtype, "cpu")
+        (y_ref, k_ref, v_ref), (y, k, v) = reference_and_kernel(*args, seed=pos, **kw)
         assert y.shape == y_ref.shape == (3, case["H"], 1, case["D"])
         rel = (y.float() - y_ref.float()).abs().max() / y_ref.float().abs().max()
         out["max_diff"] = max(out["max_diff"], float(rel))
+        out["cache_diff"] = max(out["cache_diff"], float((k.float() - k_ref.float()).abs().max()))
         out["cache_equal"] &= torch.equal(k, k_ref) and torch.equal(v, v_ref)
         out["contiguous"] &= y.transpose(1, 2).is_contiguous()
-        out["repeat_equal"] &= torch.equal(y, reference_and_kernel(3, case["H"], case["hkv"], case["D"], 48, pos,
-                                                                   dtype, "cpu", seed=pos)[1][0])
+        out["repeat_equal"] &= torch.equal(y, reference_and_kernel(*args, seed=pos, **kw)[1][0])
     return out
 
 
@@ -64,6 +67,30 @@ def test_interpreted_kernel_matches_update_then_attend(H: int, hkv: int, D: int,
     products are wrong, 2.6e10 off for a 16 × 16 tl.dot in Triton 3.6 and 3.9.)"""
     res = _interpreted({"H": H, "hkv": hkv, "D": D, "dtype": dtype, "positions": [0, 1, 31, 32, 45]})
     assert res["max_diff"] < (1e-5 if dtype == "float32" else 2e-3), res
+    assert res["cache_equal"] and res["contiguous"] and res["repeat_equal"], res
+
+
+@pytest.mark.parametrize(("H", "hkv", "D", "dtype", "dot"), [(8, 2, 32, "float32", True), (3, 3, 24, "float32", False),
+                                                             (6, 2, 16, "float32", False), (8, 2, 32, "float16", True)])
+def test_interpreted_kernel_with_rope(H: int, hkv: int, D: int, dtype: str, dot: bool) -> None:
+    """RoPE inside the kernel (Nanbeige's decode step) against Nanbeige's eager ``apply_rope`` then
+    update + attend: outputs within float rounding, the rotated key written to the cache within one
+    rounding of the eager one (the kernel rotates in fp32 and rounds once, as the compiled RoPE
+    kernel it replaces does; eager rounds each product), in both product forms."""
+    res = _interpreted({"H": H, "hkv": hkv, "D": D, "dtype": dtype, "dot": dot, "rope": True,
+                        "positions": [0, 1, 31, 32, 45]})
+    assert res["max_diff"] < (1e-5 if dtype == "float32" else 2e-3), res
+    assert res["cache_diff"] < (1e-5 if dtype == "float32" else 1e-2), res
+    assert res["contiguous"] and res["repeat_equal"], res
+
+
+@pytest.mark.parametrize(("H", "hkv", "D", "block"), [(4, 4, 24, 16), (6, 2, 16, 64), (2, 1, 96, 32)])
+def test_interpreted_elementwise_products(H: int, hkv: int, D: int, block: int) -> None:
+    """The elementwise form (no ``tl.dot``, no padding of the query heads to 16 rows: the plan for
+    one query head per KV head, Huginn's case) and other blocks of cache positions give the same
+    results as update + attend, and the cache holds exactly what ``update`` writes."""
+    res = _interpreted({"H": H, "hkv": hkv, "D": D, "dot": False, "block": block, "positions": [0, 1, 15, 16, 47]})
+    assert res["max_diff"] < 1e-5, res
     assert res["cache_equal"] and res["contiguous"] and res["repeat_equal"], res
 
 

@@ -20,17 +20,33 @@ SHAPES = {"nanbeige": (48, 8, 128), "huginn": (55, 55, 96)}
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
 
+@pytest.mark.parametrize("dot", [True, False], ids=["dot", "elementwise"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("model", sorted(SHAPES))
 @pytest.mark.parametrize("pos", [0, 31, 175])
-def test_kernel_matches_update_then_attend(model: str, dtype: torch.dtype, pos: int) -> None:
+def test_kernel_matches_update_then_attend(model: str, dtype: torch.dtype, pos: int, dot: bool) -> None:
+    """Both product forms (the plan picks one per shape) at the official head shapes."""
     H, hkv, D = SHAPES[model]
-    (y_ref, k_ref, v_ref), (y, k, v) = reference_and_kernel(16, H, hkv, D, 176, pos, dtype, "cuda")
+    p = decode_attention.Plan(block=32 if dot else 16, dot=dot)
+    (y_ref, k_ref, v_ref), (y, k, v) = reference_and_kernel(16, H, hkv, D, 176, pos, dtype, "cuda", plan=p)
     assert torch.equal(k, k_ref) and torch.equal(v, v_ref)
     err = float((y.float() - y_ref.float()).abs().max() / y_ref.float().abs().max())
     assert err < TOL[dtype], err
-    again = reference_and_kernel(16, H, hkv, D, 176, pos, dtype, "cuda")[1][0]
+    again = reference_and_kernel(16, H, hkv, D, 176, pos, dtype, "cuda", plan=p)[1][0]
     assert torch.equal(y, again)  # no atomics: the same bits on every run
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("pos", [0, 175])
+def test_kernel_with_rope_matches_nanbeige(dtype: torch.dtype, pos: int) -> None:
+    """RoPE inside the kernel, with the plan's launch, against Nanbeige's eager RoPE then update +
+    attend: the rotated key within one rounding, the output within the dtype's bound."""
+    H, hkv, D = SHAPES["nanbeige"]
+    (y_ref, k_ref, _), (y, k, _) = reference_and_kernel(16, H, hkv, D, 176, pos, dtype, "cuda", rope=True)
+    scale = k_ref.float().abs().max()
+    assert float((k.float() - k_ref.float()).abs().max() / scale) < (1e-6 if dtype == torch.float32 else 8e-3)
+    err = float((y.float() - y_ref.float()).abs().max() / y_ref.float().abs().max())
+    assert err < TOL[dtype], err
 
 
 def _engine(tmp_path: Path, kind: str) -> NativeEngine:
@@ -55,9 +71,9 @@ def test_the_engine_decodes_through_the_kernel(tmp_path: Path, kind: str, monkey
     calls = [0]
     attend = decode_attention.attend
 
-    def counting(*a):  # noqa: ANN002, ANN202
+    def counting(*a, **kw):  # noqa: ANN002, ANN003, ANN202
         calls[0] += 1
-        return attend(*a)
+        return attend(*a, **kw)
 
     monkeypatch.setattr(decode_attention, "attend", counting)
     on = engine.generate(prompts, seeds, 1.0, 24)

@@ -162,3 +162,25 @@ def test_fused_projections_keep_the_weights_and_the_outputs():
     assert attn.q_proj.weight.untyped_storage().data_ptr() == attn.qkv_weight.untyped_storage().data_ptr()
     assert mlp.up_proj.weight.untyped_storage().data_ptr() == mlp.gate_up_weight.untyped_storage().data_ptr()
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("skip_norm", [False, True])
+def test_deferred_residual_adds_give_the_same_bits(skip_norm):
+    """The forward moves each layer's last residual add into the next norm (one kernel when
+    fused); eager it must be the layer-by-layer forward bit for bit, loop-final norms or not."""
+    from hobson.models.common import prepare_attention
+    from hobson.models.nanbeige import rope_cos_sin
+
+    m = _build(skip_loop_final_norm=skip_norm)
+    cfg = m.config
+    ids = _ids(2, 7, seed=5)
+    with torch.no_grad():
+        positions, mask, _ = prepare_attention(None, None, 2, 7, ids.device, None)
+        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
+        x = m.model.embed_tokens(ids)
+        for loop in range(cfg.num_loops):
+            for i, layer in enumerate(m.model.layers):
+                x = layer(x, cos, sin, mask, None, i + loop * cfg.num_hidden_layers)
+            if loop == cfg.num_loops - 1 or not skip_norm:
+                x = m.model.norm(x)
+        assert torch.equal(m(ids), m.lm_head(x).float())

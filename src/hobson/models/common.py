@@ -333,24 +333,34 @@ def finish_step(cache: KVCache | None, new: int, key_mask: Tensor | None) -> Non
         cache.key_mask = key_mask
 
 
+def decode_streams(cache: KVCache | StaticKVCache | None, slot: Any, q: Tensor) -> tuple[Tensor, Tensor] | None:
+    """The cache tensors of ``slot`` when this attention runs as the one-kernel decode step
+    (:mod:`hobson.models.decode_attention`): inside :class:`fused_kernels`, on CUDA, one token, a
+    fixed-capacity cache, the kernel switched on and able to take these shapes. None otherwise."""
+    if not (_FUSED["on"] and q.is_cuda and isinstance(cache, StaticKVCache) and slot in cache.streams
+            and cache._new is not None and cache._new.numel() == 1):
+        return None
+    from hobson.models import decode_attention
+
+    kb, vb = cache.streams[slot]
+    return (kb, vb) if decode_attention.enabled() and decode_attention.usable(q, kb) else None
+
+
 def cache_attend(
     cache: KVCache | StaticKVCache | None, slot: Any, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None
 ) -> Tensor:
     """Store this forward's ``k``, ``v`` in ``cache`` (if any) and attend ``q`` over the cache.
 
-    A decode step of the engine (inside :class:`fused_kernels`, on CUDA, one token, a fixed-capacity
-    cache) does both in one kernel per layer (:mod:`hobson.models.decode_attention`); everything
-    else writes with ``cache.update`` and attends with :func:`attend`, as before.
+    A decode step of the engine (:func:`decode_streams`) does both in one kernel per layer;
+    everything else writes with ``cache.update`` and attends with :func:`attend`, as before.
     """
     if cache is None:
         return attend(q, k, v, attn_mask)
-    if (_FUSED["on"] and q.is_cuda and isinstance(cache, StaticKVCache) and slot in cache.streams
-            and cache._new is not None and cache._new.numel() == 1):
+    streams = decode_streams(cache, slot, q)
+    if streams is not None:
         from hobson.models import decode_attention
 
-        kb, vb = cache.streams[slot]
-        if decode_attention.enabled() and decode_attention.usable(q, kb):
-            return decode_attention.attend(q, k, v, kb, vb, cache.key_mask, cache._new)
+        return decode_attention.attend(q, k, v, *streams, cache.key_mask, cache._new)
     k, v = cache.update(slot, k, v)
     return attend(q, k, v, attn_mask)
 

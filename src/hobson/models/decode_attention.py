@@ -30,12 +30,31 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-BLOCK = 32  # cache positions per loop iteration
+BLOCK = 32  # cache positions per loop iteration (the default plan's)
 MIN_ROWS = 16  # tl.dot's smallest tile side: the query heads of one KV head are padded to it
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One launch: cache positions per loop iteration, warps and pipeline stages per program, and
+    whether the scores and the weighted sum run as ``tl.dot`` (the group of query heads padded to
+    16 rows) or as elementwise products summed in fp32 (no padding: for one query head per KV head)."""
+
+    block: int = BLOCK
+    warps: int = 4
+    stages: int = 3  # Triton's default
+    dot: bool = True
+
+
+def plan(group: int, head_dim: int, dtype: torch.dtype) -> Plan:
+    """The launch for ``group`` query heads per KV head: a pure function of the shapes, never a
+    timed autotune (a timing-dependent block would change the summation order, and the tokens)."""
+    return Plan(dot=group > 1)
 
 
 tl = None  # triton.language, imported with the kernel (a module global: Triton's interpreter patches those)
@@ -49,47 +68,84 @@ def _kernel():  # noqa: ANN202 - a triton JIT function
 
     @triton.jit
     def decode_attention(
-        Q, KN, VN, KC, VC, MASK, POS, OUT,
-        sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, skc_b, skc_h, skc_s, svc_b, svc_h, svc_s, sm_b, so_b, so_h,
+        Q, KN, VN, KC, VC, MASK, POS, OUT, COS, SIN,
+        sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, skc_b, skc_h, skc_s, svc_b, svc_h, svc_s, sm_b, so_b, so_h, sc_b, ss_b,
         scale,
-        G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BLOCK: tl.constexpr,
-        PRECISION: tl.constexpr,
+        G: tl.constexpr, GP: tl.constexpr, DH: tl.constexpr, DHP: tl.constexpr, BLOCK: tl.constexpr,
+        ROPE: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
     ):
+        # the head dimension is handled as its two halves throughout: rotate-half RoPE pairs
+        # element i with i + D/2, and the halves' products simply add up
         b = tl.program_id(0)
         h = tl.program_id(1)
         pos = tl.load(POS).to(tl.int32)
         g = tl.arange(0, GP)
-        d = tl.arange(0, DP)
+        d = tl.arange(0, DHP)
         gm = g < G
-        dm = d < D
+        dm = d < DH
         rows = h * G + g
-        q = tl.load(Q + b * sq_b + rows[:, None] * sq_h + d[None, :], mask=gm[:, None] & dm[None, :], other=0.0)
-        kn = tl.load(KN + b * sk_b + h * sk_h + d, mask=dm, other=0.0)
-        vn = tl.load(VN + b * sv_b + h * sv_h + d, mask=dm, other=0.0)
-        tl.store(KC + b * skc_b + h * skc_h + pos * skc_s + d, kn, mask=dm)
-        tl.store(VC + b * svc_b + h * svc_h + pos * svc_s + d, vn, mask=dm)
+        qm = gm[:, None] & dm[None, :]
+        q_at = Q + b * sq_b + rows[:, None] * sq_h + d[None, :]
+        q1 = tl.load(q_at, mask=qm, other=0.0)
+        q2 = tl.load(q_at + DH, mask=qm, other=0.0)
+        k1 = tl.load(KN + b * sk_b + h * sk_h + d, mask=dm, other=0.0)
+        k2 = tl.load(KN + b * sk_b + h * sk_h + DH + d, mask=dm, other=0.0)
+        v1 = tl.load(VN + b * sv_b + h * sv_h + d, mask=dm, other=0.0)
+        v2 = tl.load(VN + b * sv_b + h * sv_h + DH + d, mask=dm, other=0.0)
+        if ROPE:  # rotate-half: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), cos/sin cast to x's dtype first
+            c1 = tl.load(COS + b * sc_b + d, mask=dm, other=0.0).to(q1.dtype).to(tl.float32)
+            c2 = tl.load(COS + b * sc_b + DH + d, mask=dm, other=0.0).to(q1.dtype).to(tl.float32)
+            s1 = tl.load(SIN + b * ss_b + d, mask=dm, other=0.0).to(q1.dtype).to(tl.float32)
+            s2 = tl.load(SIN + b * ss_b + DH + d, mask=dm, other=0.0).to(q1.dtype).to(tl.float32)
+            a1, a2 = q1.to(tl.float32), q2.to(tl.float32)
+            q1 = (a1 * c1[None, :] - a2 * s1[None, :]).to(q2.dtype)
+            q2 = (a2 * c2[None, :] + a1 * s2[None, :]).to(q2.dtype)
+            a1, a2 = k1.to(tl.float32), k2.to(tl.float32)
+            k1 = (a1 * c1 - a2 * s1).to(k2.dtype)
+            k2 = (a2 * c2 + a1 * s2).to(k2.dtype)
+        kc_at = KC + b * skc_b + h * skc_h
+        vc_at = VC + b * svc_b + h * svc_h
+        tl.store(kc_at + pos * skc_s + d, k1, mask=dm)
+        tl.store(kc_at + pos * skc_s + DH + d, k2, mask=dm)
+        tl.store(vc_at + pos * svc_s + d, v1, mask=dm)
+        tl.store(vc_at + pos * svc_s + DH + d, v2, mask=dm)
         # the new token first: its score starts the running maximum, so no row is ever all -inf
-        m = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], axis=1) * scale
+        m = (tl.sum(q1.to(tl.float32) * k1.to(tl.float32)[None, :], axis=1)
+             + tl.sum(q2.to(tl.float32) * k2.to(tl.float32)[None, :], axis=1)) * scale
         lsum = tl.full([GP], 1.0, tl.float32)
-        acc = tl.zeros([GP, DP], tl.float32) + vn.to(tl.float32)[None, :]
+        acc1 = tl.zeros([GP, DHP], tl.float32) + v1.to(tl.float32)[None, :]
+        acc2 = tl.zeros([GP, DHP], tl.float32) + v2.to(tl.float32)[None, :]
         for start in range(0, pos, BLOCK):  # the filled prefix only, never the rest of the capacity
             s_idx = start + tl.arange(0, BLOCK)
             inside = s_idx < pos
             allowed = inside & (tl.load(MASK + b * sm_b + s_idx, mask=inside, other=0) != 0)
             kv_mask = allowed[:, None] & dm[None, :]
-            k = tl.load(KC + b * skc_b + h * skc_h + s_idx[:, None] * skc_s + d[None, :], mask=kv_mask, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # (GP, BLOCK)
+            kb1 = tl.load(kc_at + s_idx[:, None] * skc_s + d[None, :], mask=kv_mask, other=0.0)
+            kb2 = tl.load(kc_at + s_idx[:, None] * skc_s + DH + d[None, :], mask=kv_mask, other=0.0)
+            if DOT:
+                s = (tl.dot(q1, tl.trans(kb1), input_precision=PRECISION)
+                     + tl.dot(q2, tl.trans(kb2), input_precision=PRECISION)) * scale  # (GP, BLOCK)
+            else:
+                s = (tl.sum(q1.to(tl.float32)[:, None, :] * kb1.to(tl.float32)[None, :, :], axis=2)
+                     + tl.sum(q2.to(tl.float32)[:, None, :] * kb2.to(tl.float32)[None, :, :], axis=2)) * scale
             s = tl.where(allowed[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
             alpha = tl.exp(m - m_new)
             p = tl.exp(s - m_new[:, None])
             lsum = lsum * alpha + tl.sum(p, axis=1)
-            v = tl.load(VC + b * svc_b + h * svc_h + s_idx[:, None] * svc_s + d[None, :], mask=kv_mask, other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            vb1 = tl.load(vc_at + s_idx[:, None] * svc_s + d[None, :], mask=kv_mask, other=0.0)
+            vb2 = tl.load(vc_at + s_idx[:, None] * svc_s + DH + d[None, :], mask=kv_mask, other=0.0)
+            if DOT:
+                pv = p.to(vb1.dtype)
+                acc1 = acc1 * alpha[:, None] + tl.dot(pv, vb1, input_precision=PRECISION)
+                acc2 = acc2 * alpha[:, None] + tl.dot(pv, vb2, input_precision=PRECISION)
+            else:
+                acc1 = acc1 * alpha[:, None] + tl.sum(p[:, :, None] * vb1.to(tl.float32)[None, :, :], axis=1)
+                acc2 = acc2 * alpha[:, None] + tl.sum(p[:, :, None] * vb2.to(tl.float32)[None, :, :], axis=1)
             m = m_new
-        out = acc / lsum[:, None]
-        tl.store(OUT + b * so_b + rows[:, None] * so_h + d[None, :], out.to(OUT.dtype.element_ty),
-                 mask=gm[:, None] & dm[None, :])
+        o_at = OUT + b * so_b + rows[:, None] * so_h + d[None, :]
+        tl.store(o_at, (acc1 / lsum[:, None]).to(OUT.dtype.element_ty), mask=qm)
+        tl.store(o_at + DH, (acc2 / lsum[:, None]).to(OUT.dtype.element_ty), mask=qm)
 
     return decode_attention
 
@@ -105,34 +161,48 @@ def enabled() -> bool:
 
 
 def usable(q: Tensor, kcache: Tensor) -> bool:
-    """One query token in the cache's dtype, a supported dtype, a head size up to 256 (padded to a
-    power of two inside the kernel), and whole groups of query heads per KV head."""
+    """One query token in the cache's dtype, a supported dtype, an even head size up to 256 (each
+    half padded to a power of two inside the kernel), and whole groups of query heads per KV head."""
     return (q.shape[2] == 1 and q.dtype == kcache.dtype and q.dtype in (torch.float32, torch.bfloat16, torch.float16)
-            and q.shape[-1] <= 256 and q.shape[1] % kcache.shape[1] == 0)
+            and q.shape[-1] <= 256 and q.shape[-1] % 2 == 0 and q.shape[1] % kcache.shape[1] == 0)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, kcache: Tensor, vcache: Tensor, key_mask: Tensor, pos: Tensor) -> Tensor:
+def attend(q: Tensor, k: Tensor, v: Tensor, kcache: Tensor, vcache: Tensor, key_mask: Tensor, pos: Tensor,
+           rope: tuple[Tensor, Tensor] | None = None, p: Plan | None = None) -> Tensor:
     """Write ``k``, ``v`` ``(B, Hkv, 1, D)`` at cache slot ``pos`` (a one-element device tensor) of
     ``kcache``/``vcache`` ``(B, Hkv, capacity, D)`` and attend ``q`` ``(B, H, 1, D)`` over the slots
     before it that ``key_mask`` ``(B, capacity)`` allows, and itself. Returns ``(B, H, 1, D)`` (a
-    view of a ``(B, 1, H, D)`` tensor, so the caller's transpose back is free)."""
+    view of a ``(B, 1, H, D)`` tensor, so the caller's transpose back is free).
+
+    ``rope``: fp32 ``cos, sin`` ``(B, 1, D)``; ``q`` and ``k`` are then rotated (rotate-half, as
+    :func:`hobson.models.nanbeige.apply_rope`) inside the kernel, before the key is stored, which
+    saves the separate RoPE kernel of every layer. ``p`` overrides :func:`plan` (the bench's sweep).
+    """
     B, H, _, D = q.shape
     hkv = kcache.shape[1]
     G = H // hkv
     for t in (q, k, v, kcache, vcache):
         if t.stride(-1) != 1:
             raise ValueError("decode attention needs the head dimension contiguous")
+    if p is None:
+        p = plan(G, D, q.dtype)
     out = torch.empty(B, 1, H, D, dtype=q.dtype, device=q.device)
     mask = key_mask.view(torch.uint8)
-    dp = max(16, 1 << (D - 1).bit_length())
+    cos, sin = rope if rope is not None else (q, q)  # unread without RoPE: any tensor will do
+    for t in (cos, sin):
+        if t.stride(-1) != 1:
+            raise ValueError("decode attention needs cos/sin contiguous in the head dimension")
+    pow2 = 1 << (D // 2 - 1).bit_length()
     _kernel()[(B, hkv)](
-        q, k, v, kcache, vcache, mask, pos, out,
+        q, k, v, kcache, vcache, mask, pos, out, cos, sin,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         kcache.stride(0), kcache.stride(1), kcache.stride(2), vcache.stride(0), vcache.stride(1), vcache.stride(2),
-        mask.stride(0), out.stride(0), out.stride(2),
+        mask.stride(0), out.stride(0), out.stride(2), cos.stride(0), sin.stride(0),
         D ** -0.5,
-        G=G, GP=max(MIN_ROWS, 1 << (G - 1).bit_length()), D=D, DP=dp, BLOCK=BLOCK,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4,
+        # tl.dot needs 16 rows and a reduction of at least 16: groups and half-heads padded to it
+        G=G, GP=max(MIN_ROWS, 1 << (G - 1).bit_length()) if p.dot else 1 << (G - 1).bit_length(),
+        DH=D // 2, DHP=max(16, pow2) if p.dot else pow2, BLOCK=p.block,
+        ROPE=rope is not None, DOT=p.dot, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=p.warps, num_stages=p.stages,
     )
     return out.transpose(1, 2)

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from hobson.errors import ConfigError
+from hobson.models import decode_attention
 from hobson.models.common import (
     Embedding,
     KVCache,
@@ -29,6 +30,7 @@ from hobson.models.common import (
     add_rms_norm,
     cache_attend,
     checkpointed,
+    decode_streams,
     finish_step,
     fused,
     generator_normal_,
@@ -219,8 +221,12 @@ class Attention(nn.Module):
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         v = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        q, k = rope_qk(q, k, cos, sin)
-        y = cache_attend(cache, slot, q, k, v, mask)
+        streams = decode_streams(cache, slot, q)
+        if streams is not None:  # the engine's decode step: RoPE, cache write and attention in one kernel
+            y = decode_attention.attend(q, k, v, *streams, cache.key_mask, cache._new, rope=(cos, sin))
+        else:
+            q, k = rope_qk(q, k, cos, sin)
+            y = cache_attend(cache, slot, q, k, v, mask)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
 
@@ -253,10 +259,26 @@ class DecoderLayer(nn.Module):
     def forward(
         self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache: KVCache | None, slot: int
     ) -> Tensor:
-        h = self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, slot)
+        x, m = self.deferred(x, None, cos, sin, mask, cache, slot)
+        return x + m
+
+    def deferred(
+        self, x: Tensor, pending: Tensor | None, cos: Tensor, sin: Tensor, mask: Tensor | None,
+        cache: KVCache | None, slot: int,
+    ) -> tuple[Tensor, Tensor]:
+        """The layer with its residual adds moved: ``x + pending`` is its input (``pending``, the
+        last layer's MLP output, is added here, in one kernel with this layer's norm when fused),
+        and it returns ``(x, mlp)`` with the MLP's add left to the next norm. Eager, the same
+        additions in the same order as :meth:`forward`: the same bits."""
+        norm = self.input_layernorm
+        if pending is None:
+            h = norm(x)
+        else:
+            x, h = add_rms_norm(x, pending, norm.weight, norm.eps)
+        h = self.self_attn(h, cos, sin, mask, cache, slot)
         norm = self.post_attention_layernorm
         x, h = add_rms_norm(x, h, norm.weight, norm.eps)  # x + h, and its norm
-        return x + self.mlp(h)
+        return x, self.mlp(h)
 
 
 class NanbeigeLooped(nn.Module):
@@ -331,15 +353,24 @@ class NanbeigeLooped(nn.Module):
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
         x = self.model.embed_tokens(input_ids)
         L = cfg.num_hidden_layers
+        # checkpointed training keeps one tensor per layer boundary; otherwise each layer's last
+        # residual add waits for the next norm, which does it in its own kernel when fused
+        ckpt = self.gradient_checkpointing and cache is None and torch.is_grad_enabled()
+        pending: Tensor | None = None
         for loop in range(cfg.num_loops):
             for i, layer in enumerate(self.model.layers):
                 slot = i + loop * L
-                if self.gradient_checkpointing and cache is None and torch.is_grad_enabled():
+                if ckpt:
                     x = checkpointed(layer, x, cos, sin, mask, None, slot)
                 else:
-                    x = layer(x, cos, sin, mask, cache, slot)
+                    x, pending = layer.deferred(x, pending, cos, sin, mask, cache, slot)
             if loop == cfg.num_loops - 1 or not cfg.skip_loop_final_norm:
-                x = self.model.norm(x)
+                norm = self.model.norm
+                if pending is None:
+                    x = norm(x)
+                else:
+                    x = add_rms_norm(x, pending, norm.weight, norm.eps)[1]
+                    pending = None
         finish_step(cache, T, key_mask)
         if self.critic:
             return self.value_head(x).squeeze(-1).float()

@@ -49,10 +49,9 @@ def test_kernel_with_rope_matches_nanbeige(dtype: torch.dtype, pos: int) -> None
     assert err < TOL[dtype], err
 
 
-def _engine(tmp_path: Path, kind: str) -> NativeEngine:
+def _engine(root: Path, kind: str) -> NativeEngine:
     cfg = tiny_config(kind)
     provider = get_provider(cfg)
-    root = tmp_path / "pub"
     publication.publish(provider, provider.build_actor(cfg, seed=0), root, 0, model_revision="r", engine_revision="e",
                         dtype=torch.float32)
     engine = NativeEngine(provider, dtype=torch.float32, device="cuda", eos_id=-1, pad_id=0, model_revision="r",
@@ -64,9 +63,11 @@ def _engine(tmp_path: Path, kind: str) -> NativeEngine:
 @pytest.mark.parametrize("kind", ["nanbeige", "huginn_raven"])
 def test_the_engine_decodes_through_the_kernel(tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every decode step's attention goes through the kernel (one call per layer and step while
-    the first step runs eagerly); the tokens equal those with the kernel off and the log-probs
-    agree to fp32 rounding."""
-    engine = _engine(tmp_path, kind)
+    the first step runs eagerly); the tokens equal those of an engine with the kernel off and the
+    log-probs agree to fp32 rounding. The switch is read per process in use, so the kernel-off run
+    gets its own engine: one engine switched mid-life would capture its graph around paths its
+    eager first step never compiled (inductor's autotuning syncs, which breaks the capture)."""
+    engine = _engine(tmp_path / "on", kind)
     prompts, seeds = [[5, 6, 7, 8], [9, 10], [11, 12, 13], [14]], [11, 12, 13, 14]
     calls = [0]
     attend = decode_attention.attend
@@ -79,7 +80,7 @@ def test_the_engine_decodes_through_the_kernel(tmp_path: Path, kind: str, monkey
     on = engine.generate(prompts, seeds, 1.0, 24)
     assert calls[0] > 0
     monkeypatch.setenv("HOBSON_DECODE_ATTENTION", "0")
-    off = engine.generate(prompts, seeds, 1.0, 24)
+    off = _engine(tmp_path / "off", kind).generate(prompts, seeds, 1.0, 24)
     assert [c.tokens for c in on] == [c.tokens for c in off]
     for a, b in zip(on, off, strict=True):
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4

@@ -55,10 +55,20 @@ def plan(group: int, head_dim: int, dtype: torch.dtype) -> Plan:
     """The launch for ``group`` query heads per KV head: a pure function of the shapes, never a
     timed autotune (a timing-dependent block would change the summation order, and the tokens).
 
-    ``tl.dot`` for every group, Huginn's one query head per KV head included: with elementwise
-    products a Huginn decode step took 39.28 ms against 34.21 ms (one H200, session 26,
-    ``bench/rl_gpu.py --kind huginn_raven --parts rollout``)."""
-    return Plan()
+    The best launches of ``bench/decode_attention.py``'s sweep (one H100, session 26; µs per layer
+    call at 176 and 1,024 cached positions, batch 16, against the former 32-position, 4-warp plan):
+    Nanbeige bf16 (6 heads per KV head) 64 positions, 8 warps, 3 stages: 9.07 against 10.07 µs at
+    176 (128 positions were best at 1,024: 29.77 against 40.78); Nanbeige fp32 64/4/3: 27.48
+    against 36.88, 117.10 against 174.68; Huginn bf16 (one head per KV head) 64/4/2: 30.44
+    against 36.98, 126.61 against 168.87 (SDPA 140.58). 64 positions for every shape because the
+    plan cannot see the cache length. ``tl.dot`` for every group, Huginn's one query head per KV
+    head included: with elementwise products a Huginn decode step took 39.28 ms against 34.21 ms
+    (one H200, session 26, ``bench/rl_gpu.py --kind huginn_raven --parts rollout``)."""
+    if group == 1:
+        return Plan(block=64, warps=4, stages=2)
+    if dtype == torch.float32:
+        return Plan(block=64, warps=4, stages=3)
+    return Plan(block=64, warps=8, stages=3)
 
 
 tl = None  # triton.language, imported with the kernel (a module global: Triton's interpreter patches those)

@@ -137,20 +137,25 @@ class Batcher:
         # TEST-ONLY: a fault test holds the forward here to fill the queue at a known moment
         faults.hold("serve-forward")
         tokens = len(group) * max(q.tokens for q in group)
+        error: Exception | None = None
         try:
             answers = self.answer([q.row for q in group])
         except Exception as e:  # noqa: BLE001 - the forward's error goes to its requests, the server stays up
-            self.stats.failed_forwards += 1
+            error = e
+        # the stats count this forward before any of its requests gets its answer: a client that
+        # reads /health after its reply sees its own forward counted
+        s = self.stats
+        if error is not None:
+            s.failed_forwards += 1
+        s.forwards += 1
+        s.questions += len(group)
+        s.largest_forward_tokens = max(s.largest_forward_tokens, tokens)
+        s.largest_forward_rows = max(s.largest_forward_rows, len(group))
+        with self._cond:
+            self._held -= len(group)
+        if error is not None:
             for q in group:
-                q.deliver(None, e)
+                q.deliver(None, error)
         else:
             for q, a in zip(group, answers, strict=True):
                 q.deliver(a, None)
-        finally:
-            s = self.stats
-            s.forwards += 1
-            s.questions += len(group)
-            s.largest_forward_tokens = max(s.largest_forward_tokens, tokens)
-            s.largest_forward_rows = max(s.largest_forward_rows, len(group))
-            with self._cond:
-                self._held -= len(group)

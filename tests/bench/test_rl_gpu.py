@@ -32,9 +32,9 @@ def test_rollout_and_publish_parts_tiny_on_cpu(tmp_path: Path) -> None:
                             "native engine (CUDA graphs), before session 25",
                             "native engine (CUDA graphs), kept graph, SDPA attention",
                             "native engine (eager)", "plain HF-style generate"}
-    assert res["rollout"]["vs_before_session_25"] > 0 and res["rollout"]["vs_sdpa_attention"] > 0
     # decode ms/step is (total - prefill) / (new - 1), two separately timed runs: at this size timing
-    # noise can make it negative, so only its presence is checked here, not its sign
+    # noise can make it (and the ratios of it) negative, so only their presence is checked, not signs
+    assert math.isfinite(res["rollout"]["vs_before_session_25"]) and math.isfinite(res["rollout"]["vs_sdpa_attention"])
     assert all(e["tokens_per_s"] > 0 and math.isfinite(e["decode_ms_per_step"]) for e in engines.values())
     assert res["rollout"]["vs_reference"]["floor_ms"] == 22.0
     for name in ("native engine (CUDA graphs)", "plain HF-style generate"):  # --profile, host side on a CPU

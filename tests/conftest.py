@@ -11,6 +11,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Under pytest-xdist (the README's `-n 2`) each worker, and every process it starts, computes on one
+# thread: two workers of torch's default two threads each spin on the two cores' OpenMP barriers
+# (a module fixture took 217 s instead of 34). The same count everywhere also keeps in-process and
+# subprocess results comparable bit for bit. Set before this worker imports torch.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = "1"
+
 
 def _env() -> dict[str, str]:
     scrub = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "PMIX_", "PMI_")
@@ -102,3 +110,31 @@ def calibrated(config_factory, decider_data, tmp_path_factory) -> Path:
     temps = json.loads((out / "temperatures.json").read_text())
     assert set(temps["per_kind"]) == {"choice", "noul", "score"}  # every kind has its own temperature
     return out
+
+
+# pytest-xdist, as the README runs the tests (`-n 2 --dist loadgroup`): the tests that can reach
+# the one local Slurm cluster (node downs, requeues and accounting are cluster-wide; `submit.py`
+# picks Slurm wherever sbatch is on PATH) or read the session's `recipe all` run go to one worker,
+# in their order and first, since they are the longest share; every other file goes whole to one
+# worker, so its module and session fixtures are built once there. Without -n nothing changes.
+SERIAL_DIRS = ("slurm", "launch", "aws", "serve")
+SERIAL_FILES = ("test_internal_error.py", "test_packaging.py")
+
+
+def _serial(item: pytest.Item) -> bool:
+    rel = Path(str(item.path)).resolve().relative_to(REPO / "tests")
+    return (rel.parts[0] in SERIAL_DIRS or rel.name in SERIAL_FILES
+            or "recipe_all_local" in getattr(item, "fixturenames", ()))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the groups into node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not getattr(config.option, "loadgroup", False):  # set in the workers of --dist loadgroup
+        return
+    serial = [i for i in items if _serial(i)]
+    rest = [i for i in items if not _serial(i)]
+    for item in serial:
+        item.add_marker(pytest.mark.xdist_group("serial"))
+    for item in rest:
+        item.add_marker(pytest.mark.xdist_group(str(Path(str(item.path)).resolve().relative_to(REPO))))
+    items[:] = serial + rest

@@ -117,14 +117,14 @@ def calibrated(config_factory, decider_data, tmp_path_factory) -> Path:
 # picks Slurm wherever sbatch is on PATH) or read the session's `recipe all` run go to one worker,
 # in their order and first, since they are the longest share; every other file goes whole to one
 # worker, so its module and session fixtures are built once there. Without -n nothing changes.
-SERIAL_DIRS = ("slurm", "launch", "aws", "serve")
-SERIAL_FILES = ("test_internal_error.py", "test_packaging.py")
+# tests/launch runs submit.py with and without --backend; tests/aws, tests/serve and the top-level
+# files name theirs (local or aws) or only ask for --help and status, so they may run beside it
+SERIAL_DIRS = ("slurm", "launch")
 
 
 def _serial(item: pytest.Item) -> bool:
     rel = Path(str(item.path)).resolve().relative_to(REPO / "tests")
-    return (rel.parts[0] in SERIAL_DIRS or rel.name in SERIAL_FILES
-            or "recipe_all_local" in getattr(item, "fixturenames", ()))
+    return rel.parts[0] in SERIAL_DIRS or "recipe_all_local" in getattr(item, "fixturenames", ())
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the groups into node ids

@@ -249,6 +249,9 @@ def kernel_events(events: list[Any]) -> list[Any]:
             and not getattr(e, "is_user_annotation", False) and not e.name.startswith(MODULE_RANGE)]
 
 
+KERNELS_KEPT = 120
+
+
 def summarize(prof: profile, *, steps: int, wall_s: float, top: int = 12) -> dict[str, Any]:
     """Per-step figures of a profiled window of ``steps`` steps that took ``wall_s`` seconds."""
     from torch.autograd import DeviceType
@@ -282,6 +285,12 @@ def summarize(prof: profile, *, steps: int, wall_s: float, top: int = 12) -> dic
             {"name": n[:120], "ms_per_step": round(sum(v) / 1000 / per, 3), "share": round(sum(v) / total, 4),
              "count_per_step": round(len(v) / per, 1), "mean_us": round(sum(v) / len(v), 2)}
             for n, v in sorted(names.items(), key=lambda kv: -sum(kv[1]))[:top]]
+        # the JSON keeps the long tail too: the small kernels a step launches by the hundred are
+        # what is left to cut once the GEMMs read near the bandwidth
+        out["kernels"] = [
+            {"name": n[:160], "ms_per_step": round(sum(v) / 1000 / per, 4), "count_per_step": round(len(v) / per, 2),
+             "mean_us": round(sum(v) / len(v), 2)}
+            for n, v in sorted(names.items(), key=lambda kv: -sum(kv[1]))[:KERNELS_KEPT]]
     self_cpu: dict[str, list[float]] = {}
     for e in ops:
         self_cpu.setdefault(e.name, []).append(e.self_cpu_time_total)

@@ -91,7 +91,8 @@ def run_case(model: str, dtype: torch.dtype, S: int, sweep: bool, deadline: floa
     cache.write_pos.fill_(S - 1)
     cache.length = S - 1
     cache.key_mask[:, :S] = True
-    _, mask = cache.prepare(torch.ones(B, 1, dtype=torch.long), B, 1, None)
+    cache.prepare(torch.ones(B, 1, dtype=torch.long), B, 1, None)
+    mask = cache.mask()
     q = torch.randn(B, H, 1, D, device="cuda", dtype=dtype, generator=gen)
     k = torch.randn(B, hkv, 1, D, device="cuda", dtype=dtype, generator=gen)
     v = torch.randn(B, hkv, 1, D, device="cuda", dtype=dtype, generator=gen)

@@ -9,6 +9,7 @@ configs in ``tests/fixtures/official-models``), in the decode dtype (bf16) and t
 
 - ``cublas``: ``torch.nn.functional.linear`` as the engine ran it (cuBLAS's default choice);
 - ``cublaslt``: the same under ``torch.backends.cuda.preferred_blas_library("cublaslt")``;
+- ``cublas swapped`` / ``cublaslt swapped``: ``(w @ x.T).T``, the operands' roles exchanged;
 - ``triton``: :mod:`hobson.models.skinny` with its fixed plan (what the engine now runs);
 - with ``--sweep``, the best of a few other tile/split choices for the same kernel (16-bit only).
 
@@ -122,6 +123,12 @@ def cublas(x, w):
     return torch.nn.functional.linear(x, w)
 
 
+def swapped(x, w):
+    """The same product asked for as ``(w @ x.T).T``: cuBLAS sees 16 as its M, not its N, and picks
+    from other kernels (the result is a transposed view)."""
+    return torch.mm(w, x.T).T
+
+
 def sweep_plans(k: int, base: skinny.Plan, dtype: torch.dtype) -> list[skinny.Plan]:
     """16-bit: other tiles (64 or 128 weight rows) and K splits at the plan's depth; the plan's tile
     at other pipeline depths and with 32 rows. fp32: tiles and splits in 3xTF32, and the plan's
@@ -176,6 +183,8 @@ def main() -> None:
                          "kernels": {}}
                 choices = [("cublas", cublas, None)]
                 choices.append(("cublaslt", cublas, "cublaslt"))
+                choices.append(("cublas swapped", swapped, None))
+                choices.append(("cublaslt swapped", swapped, "cublaslt"))
                 choices.append(("triton", lambda x, w, pl=plan: skinny.linear(x, w, pl), None))
                 # not fp16: it runs bf16's code; stop sweeping past the deadline (compiles cost ~1 s each)
                 if args.sweep and dtype != torch.float16 and time.perf_counter() - t_start < args.sweep_deadline:
@@ -221,11 +230,13 @@ def main() -> None:
 
 def print_tables(res: dict) -> None:
     peak = res["copy_tbs"]
-    print(f"\n### Batch-{ROWS} GEMMs, one H200: µs, GB/s, % of the measured copy ({peak:.2f} TB/s) | "
+    gpu = res["machine"].get("gpu")
+    print(f"\n### Batch-{ROWS} GEMMs, {gpu}: µs, GB/s, % of the measured copy ({peak:.2f} TB/s) | "
           f"% of {DATASHEET_TBS} TB/s\n")
-    print("| model | weight (N × K) | dtype | cuBLAS | cuBLASLt | Triton (plan) | best Triton swept | "
-          "cuBLAS / Triton time | rel. err cuBLAS, Triton | Triton repeat identical | engine runs |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
+    print("| model | weight (N × K) | dtype | cuBLAS | cuBLASLt | cuBLAS swapped | cuBLASLt swapped | "
+          "Triton (plan) | best Triton swept | cuBLAS / Triton time | rel. err cuBLAS, Triton | "
+          "Triton repeat identical | engine runs |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
 
     def cell(v: dict | None) -> str:
         if not v or "us" not in v:
@@ -240,13 +251,14 @@ def print_tables(res: dict) -> None:
         errs = f"{ks['cublas'].get('rel_err', nan):.1e}, {ks.get('triton', {}).get('rel_err', nan):.1e}"
         same = ks.get("triton", {}).get("repeat_identical")
         print(f"| {e['model']} | {e['name']} {e['n']} × {e['k']} | {e['dtype']} | {cell(ks['cublas'])} | "
-              f"{cell(ks.get('cublaslt'))} | {cell(ks.get('triton'))} | "
+              f"{cell(ks.get('cublaslt'))} | {cell(ks.get('cublas swapped'))} | {cell(ks.get('cublaslt swapped'))} | "
+              f"{cell(ks.get('triton'))} | "
               f"{(e['best_triton'] + ': ' + cell(best)) if best else '(the plan)'} | {ratio:.2f}× | "
               f"{errs} | {same} | {e.get('engine_runs', '')} |")
     print("\n### One decode step's GEMMs (sum over the shapes × uses per step)\n")
-    print("| model | dtype | weight GB per step | cuBLAS ms | cuBLASLt ms | Triton (plan) ms | floor at the copy "
-          "speed ms |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| model | dtype | weight GB per step | cuBLAS ms | cuBLASLt ms | cuBLAS swapped ms | "
+          "best of all per shape ms | Triton (plan) ms | floor at the copy speed ms |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     groups: dict = {}
     for e in res["shapes"]:
         groups.setdefault((e["model"], e["dtype"]), []).append(e)
@@ -257,9 +269,13 @@ def print_tables(res: dict) -> None:
 
         gb = sum(e["uses_per_step"] * e["bytes"] for e in es) / 1e9
         row = {"model": model, "dtype": dtype, "gb": gb, "cublas_ms": total("cublas"),
-               "cublaslt_ms": total("cublaslt"), "triton_ms": total("triton"), "floor_ms": gb / peak}
+               "cublaslt_ms": total("cublaslt"), "swapped_ms": total("cublas swapped"), "triton_ms": total("triton"),
+               "best_ms": sum(e["uses_per_step"] * min((v["us"] for v in e["kernels"].values() if "us" in v),
+                                                      default=float("nan")) for e in es) / 1000,
+               "floor_ms": gb / peak}
         res["per_step"].append(row)
         print(f"| {model} | {dtype} | {gb:.1f} | {row['cublas_ms']:.2f} | {row['cublaslt_ms']:.2f} | "
+              f"{row['swapped_ms']:.2f} | {row['best_ms']:.2f} | "
               f"{row['triton_ms']:.2f} | {row['floor_ms']:.2f} |")
 
 

@@ -37,7 +37,7 @@ def reference_and_kernel(B: int, H: int, hkv: int, D: int, cap: int, pos: int, d
         cache.write_pos.fill_(pos)
         cache.length = pos
         cache.key_mask.copy_(key_mask)
-        positions, mask = cache.prepare(torch.ones(B, 1, dtype=torch.long), B, 1, None)
+        cache.prepare(torch.ones(B, 1, dtype=torch.long), B, 1, None)
         if fused:
             kb, vb = cache.streams["s"]
             y = decode_attention.attend(q, k, v, kb, vb, cache.key_mask, cache._new,
@@ -45,6 +45,6 @@ def reference_and_kernel(B: int, H: int, hkv: int, D: int, cap: int, pos: int, d
         else:
             qr, kr = (apply_rope(q, cos, sin), apply_rope(k, cos, sin)) if rope else (q, k)
             kb, vb = cache.update("s", kr, v)
-            y = attend(qr, kb, vb, mask)
+            y = attend(qr, kb, vb, cache.mask())
         outs.append((y, *cache.streams["s"]))
     return outs[0], outs[1]

@@ -98,3 +98,18 @@ def test_gqa_decode_fold_equals_repeated_kv():
     ref = torch.nn.functional.scaled_dot_product_attention(
         q, k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1), attn_mask=per_head)
     torch.testing.assert_close(attend(q, k, v, per_head), ref, rtol=1e-6, atol=1e-6)
+
+
+def test_the_mask_is_built_once_a_forward_and_only_when_asked() -> None:
+    # the engine's decode kernel reads key_mask itself: a step whose layers never ask builds no mask
+    cache = StaticKVCache(2, 6, "cpu")
+    cache.prepare(torch.tensor([[1, 1, 1], [0, 1, 1]]), 2, 3, None)
+    assert cache._mask is None
+    mask = cache.mask()
+    assert cache.mask() is mask and mask.shape == (2, 1, 3, 6)
+    assert mask[1, 0].tolist() == [[True, False, False, False, False, False],  # a padded query sees itself
+                                   [False, True, False, False, False, False],
+                                   [False, True, True, False, False, False]]
+    cache.advance(3)
+    cache.prepare(None, 2, 1, None)  # the next forward: a new mask, built from its own positions
+    assert cache._mask is None and cache.mask()[1, 0, 0].tolist() == [False, True, True, True, False, False]

@@ -228,6 +228,7 @@ class StaticKVCache:
         self.key_mask = torch.zeros(batch, capacity, dtype=torch.bool, device=self.device)
         self.meta: dict[str, Any] = {}
         self._new: Tensor | None = None  # this forward's write indices (T,)
+        self._mask: Tensor | None = None  # this forward's attention mask, once a layer asked for it
 
     check_meta = KVCache.check_meta
 
@@ -247,23 +248,31 @@ class StaticKVCache:
 
     def prepare(
         self, attention_mask: Tensor | None, batch: int, new: int, position_ids: Tensor | None
-    ) -> tuple[Tensor, Tensor]:
-        """Positions ``(B, T)`` and the bool mask ``(B, 1, T, capacity)`` of one forward."""
+    ) -> Tensor:
+        """Positions ``(B, T)`` of one forward; its new keys are marked live (or not) in ``key_mask``."""
         self.reserve(new)  # host numbers only (a graph replay moves write_pos, not this check)
         dev = self.device
         idx = self.write_pos + torch.arange(new, device=dev)  # (T,) cache slots of the new tokens
         self._new = idx
+        self._mask = None
         live = (
             torch.ones(batch, new, dtype=torch.bool, device=dev)
             if attention_mask is None
             else attention_mask.to(device=dev, dtype=torch.bool)
         )
         self.key_mask.index_copy_(1, idx, live)
-        positions = idx.expand(batch, new) if position_ids is None else position_ids.to(dev)
-        k_idx = torch.arange(self.capacity, device=dev)[None, :]
-        causal = k_idx <= idx[:, None]  # (T, S)
-        allowed = causal[None] & (self.key_mask[:, None, :] | (k_idx == idx[:, None])[None])
-        return positions, allowed[:, None]
+        return idx.expand(batch, new) if position_ids is None else position_ids.to(dev)
+
+    def mask(self) -> Tensor:
+        """This forward's bool mask ``(B, 1, T, capacity)`` (True = may attend), built when a layer
+        first asks: the engine's decode step reads ``key_mask`` in its attention kernel instead, and
+        a step whose every layer does so launches none of the mask's kernels."""
+        if self._mask is None:
+            idx = self._new
+            k_idx = torch.arange(self.capacity, device=self.device)[None, :]
+            causal = k_idx <= idx[:, None]  # (T, S)
+            self._mask = (causal[None] & (self.key_mask[:, None, :] | (k_idx == idx[:, None])[None]))[:, None]
+        return self._mask
 
     def advance(self, new: int) -> None:
         self.write_pos.add_(new)
@@ -291,12 +300,12 @@ def prepare_attention(
 
     ``attention_mask`` ``(B, T)``: 1 for real new tokens, 0 for padding (None: all real). Returns
     ``(positions (B, T), attn_mask, key_mask)``: ``attn_mask`` is a bool ``(B, 1, T, S)`` (True =
-    may attend) or None for a plain causal prefill, and ``key_mask`` ``(B, S)`` the mask to store in
-    the cache. A query always sees itself, so a padded query never has an empty row (no NaN).
+    may attend) or None for a plain causal prefill or a fixed-capacity cache (whose
+    :meth:`StaticKVCache.mask` :func:`cache_attend` asks for), and ``key_mask`` ``(B, S)`` the mask
+    to store in the cache. A query always sees itself, so a padded query never has an empty row (no NaN).
     """
-    if isinstance(cache, StaticKVCache):
-        positions, allowed = cache.prepare(attention_mask, batch, new, position_ids)
-        return positions, allowed, cache.key_mask
+    if isinstance(cache, StaticKVCache):  # its mask comes from cache.mask(), when a layer needs it
+        return cache.prepare(attention_mask, batch, new, position_ids), None, cache.key_mask
     past = cache.length if cache is not None else 0
     if position_ids is None:
         positions = torch.arange(past, past + new, device=device).expand(batch, new)
@@ -361,6 +370,8 @@ def cache_attend(
         from hobson.models import decode_attention
 
         return decode_attention.attend(q, k, v, *streams, cache.key_mask, cache._new)
+    if isinstance(cache, StaticKVCache):
+        attn_mask = cache.mask()
     k, v = cache.update(slot, k, v)
     return attend(q, k, v, attn_mask)
 

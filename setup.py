@@ -29,7 +29,8 @@ SERVE = ["starlette>=0.37", "uvicorn>=0.30"]
 # pytest-timeout: a hung test fails on its own (with its stacks) instead of stalling CI to its limit
 # (not triton, which the decode kernels' CPU test would run in its interpreter: installed beside
 # CPU torch it breaks the vLLM overlay, which inherits this site-packages and cannot remove it)
-DEV = ["pytest>=8", "pytest-timeout>=2.1", "pytest-xdist>=3.5", "ruff>=0.6", "moto[server]>=5.0", "scipy>=1.10", "httpx>=0.27"]
+DEV = ["pytest>=8", "pytest-timeout>=2.1", "pytest-xdist>=3.5", "ruff>=0.6", "moto[server]>=5.0", "scipy>=1.10",
+       "httpx>=0.27"]
 
 # The launcher, the job entry points and the AWS runner stay top-level folders of the checkout
 # (``python launch/submit.py``, ``python -m jobs.<name>`` from the repo root) but are installed

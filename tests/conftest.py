@@ -122,13 +122,19 @@ def calibrated(config_factory, decider_data, tmp_path_factory) -> Path:
 # picks Slurm wherever sbatch is on PATH) or read the session's `recipe all` run go to one worker,
 # in their order and first, since they are the longest share; every other file goes whole to one
 # worker, so its module and session fixtures are built once there. Without -n nothing changes.
-# tests/launch runs submit.py with and without --backend; tests/aws, tests/serve and the top-level
-# files name theirs (local or aws) or only ask for --help and status, so they may run beside it
+# tests/launch runs submit.py with and without --backend (NAMED_LOCAL: its files that always name
+# it); tests/aws, tests/serve and the top-level files name theirs (local or aws) or only ask for
+# --help and status, so they may run beside it
 SERIAL_DIRS = ("slurm", "launch")
+# the launch files whose every run names --backend local (and whose status/logs/retry read that
+# run's record): they leave the serial worker, which is CI's longest share
+NAMED_LOCAL = {"launch/test_rl_components.py", "launch/test_rl_launch.py", "launch/test_local_backend.py"}
 
 
 def _serial(item: pytest.Item) -> bool:
     rel = Path(str(item.path)).resolve().relative_to(REPO / "tests")
+    if rel.as_posix() in NAMED_LOCAL:
+        return False
     return rel.parts[0] in SERIAL_DIRS or "recipe_all_local" in getattr(item, "fixturenames", ())
 
 

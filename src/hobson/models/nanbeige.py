@@ -366,7 +366,7 @@ class NanbeigeLooped(nn.Module):
                     x, pending = layer.deferred(x, pending, cos, sin, mask, cache, slot)
             if loop == cfg.num_loops - 1 or not cfg.skip_loop_final_norm:
                 # the loop's final norm stays a call of its module (its hooks see every readout,
-                # as the fidelity tests count): the last add runs on its own, two kernels a step
+                # as the fidelity tests count): the pending add runs on its own, one kernel per loop
                 if pending is not None:
                     x, pending = x + pending, None
                 x = self.model.norm(x)

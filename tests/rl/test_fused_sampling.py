@@ -42,7 +42,8 @@ def test_compiled_bookkeeping_writes_the_eager_bits(advance: bool) -> None:
                                                                          [False, True, False, False, True])]
 
 
-def test_compiled_race_picks_the_eager_winners() -> None:
+def test_compiled_race_picks_the_eager_winners(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOBSON_FUSED_SAMPLING", "1")
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(4, 1000, generator=g) * 3
     noise = torch.empty(4, 1000).exponential_(generator=g)

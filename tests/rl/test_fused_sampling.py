@@ -38,8 +38,8 @@ def test_compiled_bookkeeping_writes_the_eager_bits(advance: bool) -> None:
     at = 4 if advance else 3
     assert eager["out_tok"][:, at].tolist() == new_tok.tolist() and torch.equal(eager["out_lp"][:, at], lp[:, 0])
     assert eager["done"].tolist() == [False, True, False, True, True]
-    assert eager["feed"].tolist() == [t if not d else 0 for t, d in zip(_buffers(B, N)["tok"].tolist(),
-                                                                         [False, True, False, False, True])]
+    before = _buffers(B, N)
+    assert eager["feed"].tolist() == torch.where(before["done"], 0, before["tok"]).tolist()
 
 
 def test_compiled_race_picks_the_eager_winners(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from hobson import graphlock
 from hobson.errors import ConfigError
-from hobson.models.common import DTYPE_NAMES, StaticKVCache, fused, fused_kernels
+from hobson.models.common import DTYPE_NAMES, StaticKVCache, fused_kernels
 from hobson.models.huginn import LATENT_PROFILE, HuginnConfig, initial_state, latent_check
 from hobson.models.logprobs import token_logprobs
 from hobson.rollout import publication
@@ -391,55 +391,15 @@ class NativeEngine:
         """
         if temperature == 0:
             return logits.argmax(dim=-1)
-        noise = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+        probs = torch.softmax(logits.float() / temperature, dim=-1)
+        noise = torch.empty_like(probs)
         for b, g in enumerate(gens):
             noise[b].exponential_(generator=g)
-        return _race(logits, noise, temperature)
+        return (probs / noise).argmax(dim=-1)
 
     def close(self) -> None:
         self._decode = None
         self.model = None
-
-
-# A decode step's sampling and bookkeeping: a compiled kernel or two each inside the engine's fused
-# kernels (a graphed CUDA step), the same operations eagerly everywhere else. Eager they were ~30
-# kernels a step over the (B, V) logits and the rows' small buffers, between the LM head and the
-# next step's embedding. Integer and copy operations are exact either way; the race's softmax may
-# round differently compiled, but every step of a generate (eager first step, captured and kept
-# graphs) runs the same one. Off until a GPU has run them (HOBSON_FUSED_SAMPLING=1 turns them on):
-# the compiled index writes under graph capture are tested on CPU only.
-def _fused_sampling() -> bool:
-    return os.environ.get("HOBSON_FUSED_SAMPLING", "0") == "1"
-
-
-@fused
-def _race_fused(logits: Tensor, noise: Tensor, temperature: float) -> Tensor:
-    return (torch.softmax(logits.float() / temperature, dim=-1) / noise).argmax(dim=-1)
-
-
-def _race(logits: Tensor, noise: Tensor, temperature: float) -> Tensor:
-    """``argmax softmax(logits / T) / noise`` per row: the exponential race's winners ``(B,)``."""
-    fn = _race_fused if _fused_sampling() else _race_fused.__wrapped__
-    return fn(logits, noise, temperature)
-
-
-@fused
-def _feed_fused(tok: Tensor, done: Tensor, feed: Tensor, live: Tensor, pad_id: int) -> None:
-    feed.copy_(torch.where(done, torch.full_like(tok, pad_id), tok))  # a finished row is fed padding
-    live.copy_((~done).long()[:, None])
-
-
-@fused
-def _book_fused(new_tok: Tensor, lp: Tensor, tok: Tensor, step_at: Tensor, next_pos: Tensor, out_tok: Tensor,
-                out_lp: Tensor, n_valid: Tensor, done: Tensor, eos_id: int, advance: bool) -> None:
-    if advance:  # a decode step: its token goes one place further
-        next_pos.add_(1)
-        step_at.add_(1)
-    tok.copy_(new_tok)
-    out_tok.index_copy_(1, step_at, tok[:, None])
-    out_lp.index_copy_(1, step_at, lp)
-    n_valid.add_((~done).long())
-    done.logical_or_(tok == eos_id)
 
 
 def _addresses(model: nn.Module) -> tuple[int, ...]:
@@ -509,22 +469,22 @@ class _Decode:
         if hasattr(self.cache, "reset"):
             self.cache.reset()
 
-    def record(self, logits: Tensor, advance: bool = False) -> None:
-        """Sample each row's next token from ``logits`` ``(B, V)`` and write it with its log-prob at
-        the row's next place; ``advance``: a decode step's, one place after the last."""
-        tok = NativeEngine._sample(logits, self.temperature, self.gens)
-        # the trainer's function on the same logits: the same bits (never compiled)
-        lp = token_logprobs(logits[:, None], tok[:, None], self.temperature or 1.0)
-        book = _book_fused if _fused_sampling() else _book_fused.__wrapped__
-        book(tok, lp, self.tok, self.step_at, self.next_pos, self.out_tok, self.out_lp, self.n_valid, self.done,
-             self.eos_id, advance)
+    def record(self, logits: Tensor) -> None:
+        self.tok.copy_(NativeEngine._sample(logits, self.temperature, self.gens))
+        self.out_tok.index_copy_(1, self.step_at, self.tok[:, None])
+        lp = token_logprobs(logits[:, None], self.tok[:, None], self.temperature or 1.0)
+        self.out_lp.index_copy_(1, self.step_at, lp)
+        self.n_valid.add_((~self.done).long())
+        self.done.logical_or_(self.tok == self.eos_id)
 
     def step(self) -> None:
         """One decode step and its sampling, on the fixed buffers (what a graph captures)."""
-        (_feed_fused if _fused_sampling() else _feed_fused.__wrapped__)(
-            self.tok, self.done, self.feed, self.live, self.pad_id)
+        self.feed.copy_(torch.where(self.done, torch.full_like(self.tok, self.pad_id), self.tok))
+        self.live.copy_((~self.done).long()[:, None])
         if self.latents is not None:
             self.kw["latent_state"].copy_(self.latents.index_select(1, self.step_at))
         logits = self.model.decode_step(self.feed, self.cache, attention_mask=self.live, position_ids=self.next_pos,
                                         **self.kw)
-        self.record(logits, advance=True)
+        self.next_pos.add_(1)
+        self.step_at.add_(1)
+        self.record(logits)

@@ -71,3 +71,15 @@ def test_failed_shard_stops_dependents_and_retry_runs_only_it(tmp_path):
     lines.clear()
     assert LocalBackend(ngpu=4).run([array_job(paths), single_job(paths)], paths, echo=lines.append) == 0
     assert all("skipped" in line for line in lines)
+
+
+def test_job_threads_sleep_while_they_wait_unless_the_user_says(tmp_path, monkeypatch):
+    # an array's tasks share the host's cores: spinning OpenMP threads would take them from each other
+    from hobson.launch.backends.base import job_environ
+
+    job = single_job(make_run(tmp_path))
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    env = job_environ(job)
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE" and env["OMP_NUM_THREADS"] == "2"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert job_environ(job)["OMP_WAIT_POLICY"] == "ACTIVE"

@@ -3,6 +3,8 @@ every call, and used only where the rollout engine asks for it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -52,3 +54,32 @@ def test_skinny_runs_only_inside_the_engines_context_and_for_few_fp32_rows() -> 
         assert torch.equal(linear(few, lin.weight), out)
     assert out.shape == (16, 1, 1024)
     assert not skinny.usable(few.cpu(), lin.weight.cpu())
+
+
+ROUTES = ["cublas", "cublaslt", "cublas swapped", "cublaslt swapped", "triton", "triton 128x128 s2 st3"]
+
+
+@pytest.mark.parametrize("r", ROUTES)
+def test_a_16_bit_route_is_right_repeats_its_bits_and_runs_only_in_the_engine(
+        r: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    n, k = 3072, 6144  # Nanbeige's o projection
+    table = tmp_path / "routes.json"
+    table.write_text(f'[{{"n": {n}, "k": {k}, "dtype": "bfloat16", "route": "{r}"}}]')
+    monkeypatch.setenv("HOBSON_GEMM16_ROUTES", str(table))
+    skinny._routes.cache_clear()
+    try:
+        g = torch.Generator(device="cuda").manual_seed(7)
+        x = torch.randn(16, 1, k, device="cuda", dtype=torch.bfloat16, generator=g)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) * k ** -0.5
+        assert skinny.route(x, w) == (None if r == "cublas" else r)
+        assert skinny.route(x.float(), w.float()) is None  # fp32 has its own plan
+        assert skinny.route(torch.cat([x] * 2), w) is None  # 32 rows: a prefill's product
+        assert torch.equal(linear(x, w), torch.nn.functional.linear(x, w))  # outside the engine: torch
+        with fused_kernels(True):
+            y = linear(x, w)
+            assert torch.equal(y, linear(x, w))
+        assert y.shape == (16, 1, n) and y.dtype == torch.bfloat16
+        ref = x.double() @ w.double().T
+        assert float((y.double() - ref).norm() / ref.norm()) < BOUND[torch.bfloat16]
+    finally:
+        skinny._routes.cache_clear()

@@ -136,6 +136,9 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
 
         if skinny.usable(x, weight):
             return skinny.linear(x, weight)
+        r = skinny.route(x, weight)
+        if r is not None:
+            return skinny.routed(x, weight, r)
     return nn.functional.linear(x, weight)
 
 

@@ -87,6 +87,64 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+# 16-bit products that measured faster off cuBLAS's default choice: (N, K, dtype) -> route, in the
+# bench's labels ("cublaslt", "cublas swapped", "cublaslt swapped", "triton", or a swept
+# "triton BNxBK sS stT"). Empty: every 16-bit product stays with cuBLAS. HOBSON_GEMM16_ROUTES names
+# a JSON list of {"n", "k", "dtype", "route"} that replaces it (how a bench tries a table).
+ROUTES_16BIT: dict[tuple[int, int, str], str] = {}
+
+
+@functools.cache
+def _routes() -> dict[tuple[int, int, str], str]:
+    path = os.environ.get("HOBSON_GEMM16_ROUTES")
+    if not path:
+        return ROUTES_16BIT
+    import json
+
+    return {(int(r["n"]), int(r["k"]), str(r["dtype"])): str(r["route"]) for r in json.loads(open(path).read())}
+
+
+def route(x: Tensor, weight: Tensor) -> str | None:
+    """The 16-bit route for this product if it is not cuBLAS's default, else None."""
+    if x.dtype == torch.float32 or not (x.is_cuda and enabled()) or weight.dim() != 2:
+        return None
+    if x.dtype != weight.dtype or x.numel() // max(x.shape[-1], 1) > MAX_ROWS:
+        return None
+    r = _routes().get((weight.shape[0], weight.shape[1], str(x.dtype).removeprefix("torch.")))
+    if r is None or r == "cublas" or (r.startswith("triton") and not _triton_ok()):
+        return None
+    return r
+
+
+def parse_triton(label: str, n: int, k: int, dtype: torch.dtype, sms: int) -> Plan:
+    """A bench label ("triton", or "triton 64x128 s4 st4") as a launch."""
+    base = tile_plan(n, k, dtype, sms)
+    parts = label.split()
+    if len(parts) == 1:
+        return base
+    bn, bk = (int(v) for v in parts[1].split("x"))
+    return Plan(bn, bk, int(parts[2][1:]), base.warps, int(parts[3][2:]))
+
+
+def routed(x: Tensor, weight: Tensor, r: str) -> Tensor:
+    """``x @ weight.T`` by route ``r`` (see ROUTES_16BIT)."""
+    if r.startswith("triton"):
+        return linear(x, weight, parse_triton(r, weight.shape[0], weight.shape[1], x.dtype, _sm_count(x.device)))
+    lib = "cublaslt" if r.startswith("cublaslt") else None
+    prev = torch.backends.cuda.preferred_blas_library()
+    if lib:
+        torch.backends.cuda.preferred_blas_library(lib)
+    try:
+        if r.endswith("swapped"):
+            x2 = x.reshape(-1, x.shape[-1])
+            # cuBLAS sees the 16 rows as its N: other kernels; the result is a transposed view
+            return torch.mm(weight, x2.T).T.reshape(*x.shape[:-1], weight.shape[0])
+        return torch.nn.functional.linear(x, weight)
+    finally:
+        if lib:
+            torch.backends.cuda.preferred_blas_library(prev)
+
+
 def plan(n: int, k: int, dtype: torch.dtype, sms: int) -> Plan | None:
     """The launch for an ``N × K`` weight, or None where cuBLAS is kept (16-bit: measured as fast)."""
     if dtype != torch.float32:

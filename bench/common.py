@@ -252,7 +252,7 @@ def kernel_events(events: list[Any]) -> list[Any]:
 KERNELS_KEPT = 120
 
 
-def summarize(prof: profile, *, steps: int, wall_s: float, top: int = 12) -> dict[str, Any]:
+def summarize(prof: profile, *, steps: int, wall_s: float, top: int = 30) -> dict[str, Any]:
     """Per-step figures of a profiled window of ``steps`` steps that took ``wall_s`` seconds."""
     from torch.autograd import DeviceType
 

@@ -1,0 +1,115 @@
+"""Decode with the 16-bit GEMM routes and the SwiGLU-in-down kernel, against cuBLAS's default, one card.
+
+    python bench/decode_routes.py --json bench/results/decode_routes-<date>.json [--models nanbeige,huginn_raven]
+
+Two changes that are off until a GPU measures them (src/hobson/models/skinny.py):
+
+- a route per 16-bit decode GEMM shape (``ROUTES_16BIT``; ``HOBSON_GEMM16_ROUTES`` names a table to
+  try): cuBLASLt, the swapped-operand product ``(W @ xᵀ)ᵀ``, or a Triton tile;
+- ``HOBSON_GLU_DOWN=1``: the MLP's down projection takes ``[gate | up]`` and does the SwiGLU as its
+  kernel loads the input (one kernel fewer per layer).
+
+Steps, each in its own process: ``bench/skinny_gemm.py --sweep`` times every kernel choice per shape
+(bf16, the models asked for); the fastest choice per shape that is at least ``--margin`` faster
+than cuBLAS and (Triton) repeats its bits goes into a route table; then ``bench/rl_gpu.py --parts
+rollout --rollout-dtype bfloat16 --engines now`` runs per model with cuBLAS (the baseline a user
+gets), the table, and the table plus the SwiGLU kernel. The table prints decode ms/step, the ratio
+to cuBLAS in the same run, and the largest engine − trainer
+log-prob difference of the bf16 tokens (the kernels' own change shows as a change of it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from common import commit, log, write_json
+
+ROOT = Path(__file__).resolve().parent.parent
+VARIANTS = {"cuBLAS (default)": (False, False), "routes": (True, False), "routes + SwiGLU in down": (True, True)}
+
+
+def pick_routes(skinny: dict, margin: float) -> list[dict]:
+    """Per shape, the fastest timed choice that beats cuBLAS by ``margin`` (Triton only if it repeated its bits)."""
+    routes = []
+    for e in skinny["shapes"]:
+        if e["dtype"] == "float32":  # fp32 products have their own kernel (skinny.plan), no route
+            continue
+        ks = {k: v["us"] for k, v in e["kernels"].items()
+              if "us" in v and (not k.startswith("triton") or v.get("repeat_identical"))}
+        if "cublas" not in ks:
+            continue
+        best = min(ks, key=ks.get)
+        if ks[best] < (1 - margin) * ks["cublas"]:
+            routes.append({"n": e["n"], "k": e["k"], "dtype": e["dtype"], "route": best,
+                           "us": ks[best], "cublas_us": ks["cublas"]})
+    return routes
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json")
+    p.add_argument("--models", default="nanbeige,huginn_raven")
+    p.add_argument("--margin", type=float, default=0.03, help="how much faster than cuBLAS a route must be")
+    p.add_argument("--sweep-deadline", type=float, default=60.0)
+    p.add_argument("--timeout", type=float, default=150.0, help="seconds per rollout process")
+    args = p.parse_args()
+    models = args.models.split(",")
+    work = Path(tempfile.mkdtemp(prefix="decode-routes-"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    skinny_models = ",".join("huginn" if m == "huginn_raven" else m for m in models)
+    subprocess.run([sys.executable, str(ROOT / "bench" / "skinny_gemm.py"), "--models", skinny_models,
+                    "--dtypes", "bfloat16", "--sweep", "--sweep-deadline", str(args.sweep_deadline),
+                    "--json", str(work / "skinny.json")], env=env, check=True)
+    routes = pick_routes(json.loads((work / "skinny.json").read_text()), args.margin)
+    table = work / "routes.json"
+    table.write_text(json.dumps(routes, indent=1))
+    log(f"{len(routes)} routes: " + ", ".join(f"{r['n']}x{r['k']} {r['route']}" for r in routes))
+    res: dict = {"bench": "decode_routes", "command": ["python", "bench/decode_routes.py", *sys.argv[1:]],
+                 "commit": commit(), "routes": routes, "rows": []}
+    for model in models:
+        for label, (use_routes, glu) in VARIANTS.items():
+            out = work / f"{model}-{len(res['rows'])}.json"
+            venv = dict(env, HOBSON_GEMM16_ROUTES=str(table) if use_routes else "", HOBSON_GLU_DOWN="1" if glu else "0")
+            try:
+                subprocess.run([sys.executable, str(ROOT / "bench" / "rl_gpu.py"), "--kind", model,
+                                "--parts", "rollout", "--rollout-dtype", "bfloat16", "--engines", "now",
+                                "--json", str(out)],
+                               env=venv, check=True, timeout=args.timeout)
+                r = json.loads(out.read_text())
+            except (subprocess.SubprocessError, OSError, ValueError) as e:  # a variant that fails is reported
+                res["rows"].append({"model": model, "variant": label, "error": repr(e)[:300]})
+                continue
+            ro = r["rollout"]
+            res["machine"] = r.get("machine")
+            gaps = ro.get("engine_vs_trainer_logprob_gap") or {}
+            res["rows"].append({"model": model, "variant": label, "decode_ms_per_step": ro["decode_ms_per_step"],
+                                "engine_vs_trainer_logprob_gap": max(gaps.values(), default=None)})
+            if args.json:
+                write_json(args.json, res)
+    gpu = (res.get("machine") or {}).get("gpu")
+    print(f"\n### Decode, bf16, batch 16, {gpu}: 16-bit GEMM routes and SwiGLU in the down projection\n")
+    print("| model | variant | decode ms/step | cuBLAS / this | max abs. log-prob gap to the eager trainer (bf16) |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    base: dict = {}
+    for row in res["rows"]:
+        if "error" in row:
+            print(f"| {row['model']} | {row['variant']} | error | | |")
+            continue
+        ms = row["decode_ms_per_step"]
+        base.setdefault(row["model"], ms)
+        row["vs_cublas"] = base[row["model"]] / ms
+        gap = row["engine_vs_trainer_logprob_gap"]
+        print(f"| {row['model']} | {row['variant']} | {ms:.2f} | {row['vs_cublas']:.2f}× | "
+              f"{gap if gap is None else f'{gap:.1e}'} |")
+    if args.json:
+        write_json(args.json, res)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""bench/decode_routes.py picks a route per shape from skinny_gemm's timings, and the models read the
+table it writes (the GPU half: tests/models/test_skinny_on_gpu.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hobson.models import skinny
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_routes_from_session_12s_h200_timings_and_the_table_they_make(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import decode_routes  # bench/ is on pytest's pythonpath
+
+    timings = json.loads((REPO / "bench" / "results" / "skinny_gemm-2026-12-02.json").read_text())
+    routes = decode_routes.pick_routes(timings, 0.03)
+    got = {(r["n"], r["k"], r["dtype"]): r["route"] for r in routes}
+    # the shapes where a repeatable Triton tile was 3% or more faster than cuBLAS on the H200 (µs there:
+    # Nanbeige o 13.5 vs 14.3, gate|up 32.8 vs 34.4, down 20.2 vs 21.2; Huginn mlp.fc 94.9 vs 100.6)
+    assert got == {(3072, 6144, "bfloat16"): "triton 128x128 s4 st4",
+                   (21504, 3072, "bfloat16"): "triton 64x128 s1 st3",
+                   (3072, 10752, "bfloat16"): "triton 64x128 s4 st4",
+                   (35840, 5280, "bfloat16"): "triton 64x128 s1 st6",
+                   (5280, 17920, "bfloat16"): "triton 64x128 s2 st4",
+                   (35840, 5280, "float16"): "triton"}
+    assert all(r["us"] < 0.97 * r["cublas_us"] for r in routes)
+    assert decode_routes.pick_routes(timings, 0.10) == []  # none is 10% faster
+    table = tmp_path / "routes.json"
+    table.write_text(json.dumps(routes))
+    monkeypatch.setenv("HOBSON_GEMM16_ROUTES", str(table))
+    skinny._routes.cache_clear()
+    try:
+        assert skinny._routes()[(3072, 6144, "bfloat16")] == "triton 128x128 s4 st4"
+        assert skinny.parse_triton("triton 128x128 s4 st4", 3072, 6144, torch.bfloat16, 132) == skinny.Plan(
+            128, 128, 4, 4, 4)
+        x, w = torch.zeros(16, 6144, dtype=torch.bfloat16), torch.zeros(3072, 6144, dtype=torch.bfloat16)
+        assert skinny.route(x, w) is None  # a CPU product is torch's, whatever the table says
+        monkeypatch.delenv("HOBSON_GEMM16_ROUTES")
+        skinny._routes.cache_clear()
+        assert skinny._routes() == skinny.ROUTES_16BIT == {}  # no table: cuBLAS for every 16-bit shape
+    finally:
+        skinny._routes.cache_clear()

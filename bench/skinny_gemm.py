@@ -9,7 +9,8 @@ configs in ``tests/fixtures/official-models``), in the decode dtype (bf16) and t
 
 - ``cublas``: ``torch.nn.functional.linear`` as the engine ran it (cuBLAS's default choice);
 - ``cublaslt``: the same under ``torch.backends.cuda.preferred_blas_library("cublaslt")``;
-- ``cublas swapped`` / ``cublaslt swapped``: ``(w @ x.T).T``, the operands' roles exchanged;
+- ``cublas swapped`` / ``cublaslt swapped``: ``(w @ x.T).T``, the operands' roles exchanged (and the
+  result copied to rows, as the engine needs it);
 - ``triton``: :mod:`hobson.models.skinny` with its fixed plan (what the engine now runs);
 - with ``--sweep``, the best of a few other tile/split choices for the same kernel (16-bit only).
 
@@ -125,8 +126,8 @@ def cublas(x, w):
 
 def swapped(x, w):
     """The same product asked for as ``(w @ x.T).T``: cuBLAS sees 16 as its M, not its N, and picks
-    from other kernels (the result is a transposed view)."""
-    return torch.mm(w, x.T).T
+    from other kernels; then made contiguous, as the engine's route does (the layers need it)."""
+    return torch.mm(w, x.T).T.contiguous()
 
 
 def sweep_plans(k: int, base: skinny.Plan, dtype: torch.dtype) -> list[skinny.Plan]:

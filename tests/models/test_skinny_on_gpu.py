@@ -78,7 +78,7 @@ def test_a_16_bit_route_is_right_repeats_its_bits_and_runs_only_in_the_engine(
         with fused_kernels(True):
             y = linear(x, w)
             assert torch.equal(y, linear(x, w))
-        assert y.shape == (16, 1, n) and y.dtype == torch.bfloat16
+        assert y.shape == (16, 1, n) and y.dtype == torch.bfloat16 and y.is_contiguous()
         ref = x.double() @ w.double().T
         assert float((y.double() - ref).norm() / ref.norm()) < BOUND[torch.bfloat16]
     finally:

@@ -24,14 +24,14 @@ from hobson.rollout.engine import NativeEngine
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
-def _engine(tmp_path: Path, kind: str, keep_decode: bool = True) -> NativeEngine:
+def _engine(tmp_path: Path, kind: str, keep_decode: bool = True, dtype: torch.dtype = torch.float32) -> NativeEngine:
     cfg = tiny_config(kind)
     provider = get_provider(cfg)
     actor = provider.build_actor(cfg, seed=0)
     root = tmp_path / "pub"
     publication.publish(provider, actor, root, 0, model_revision="r", engine_revision="e", dtype=torch.float32)
     engine_gpu = torch.cuda.device_count() - 1
-    engine = NativeEngine(provider, dtype=torch.float32, device=f"cuda:{engine_gpu}", eos_id=-1, pad_id=0,
+    engine = NativeEngine(provider, dtype=dtype, device=f"cuda:{engine_gpu}", eos_id=-1, pad_id=0,
                           model_revision="r", engine_revision="e", keep_decode=keep_decode)
     engine.load_publication(publication.version_dir(root, 0))
     return engine
@@ -71,6 +71,41 @@ def test_graph_replay_samples_as_eager_steps(tmp_path: Path, kind: str, monkeypa
         assert [c.tokens for c in run] == [c.tokens for c in ref]
         assert [c.logprobs for c in run] == [c.logprobs for c in ref]
     assert len({tuple(c.tokens) for c in eager}) == len(prompts)  # rows really sampled, not one argmax
+
+
+@pytest.mark.parametrize("kind", ["nanbeige", "huginn_raven"])
+@pytest.mark.parametrize("route", ["cublas swapped", "cublaslt", "triton"])
+def test_bf16_decode_through_a_gemm_route_and_swiglu_in_down_replays_as_eager(
+        tmp_path: Path, kind: str, route: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every 16-bit decode product through one route (skinny.routed), the down projection doing the
+    SwiGLU: a CUDA graph's tokens and log-probs are the eager steps' (the routes are fixed kernels)."""
+    from hobson.models import skinny
+
+    used = {"routed": 0, "glu": 0}
+    routed, linear = skinny.routed, skinny.linear
+
+    def counting_routed(x, w, r):  # noqa: ANN001, ANN202
+        used["routed"] += 1
+        return routed(x, w, r)
+
+    def counting_linear(x, w, p=None, glu=False):  # noqa: ANN001, ANN202
+        used["glu"] += glu
+        return linear(x, w, p, glu=glu)
+
+    monkeypatch.setattr(skinny, "route", lambda x, w: route if x.dtype != torch.float32 and x.is_cuda
+                        and x.numel() // x.shape[-1] <= skinny.MAX_ROWS else None)
+    monkeypatch.setattr(skinny, "routed", counting_routed)
+    monkeypatch.setattr(skinny, "linear", counting_linear)
+    monkeypatch.setenv("HOBSON_GLU_DOWN", "1")
+    engine = _engine(tmp_path, kind, keep_decode=False, dtype=torch.bfloat16)
+    prompts, seeds = [[5, 6, 7, 8], [9, 10], [11, 12, 13], [14]], [11, 12, 13, 14]
+    graphed = engine.generate(prompts, seeds, 1.0, 24)
+    assert used["routed"] > 0 and used["glu"] > 0
+    monkeypatch.setattr(NativeEngine, "_capture", staticmethod(lambda step, cache, gens: None))
+    eager = engine.generate(prompts, seeds, 1.0, 24)
+    assert [c.tokens for c in graphed] == [c.tokens for c in eager]
+    assert [c.logprobs for c in graphed] == [c.logprobs for c in eager]
+    assert len({tuple(c.tokens) for c in eager}) == len(prompts)
 
 
 @pytest.mark.parametrize("copier", ["cpu", "tensorfile"])

@@ -137,8 +137,9 @@ def routed(x: Tensor, weight: Tensor, r: str) -> Tensor:
     try:
         if r.endswith("swapped"):
             x2 = x.reshape(-1, x.shape[-1])
-            # cuBLAS sees the 16 rows as its N: other kernels; the result is a transposed view
-            return torch.mm(weight, x2.T).T.reshape(*x.shape[:-1], weight.shape[0])
+            # cuBLAS sees the 16 rows as its N: other kernels. The result comes transposed; the
+            # layers after it (a head split, the attention kernel) need rows contiguous: one copy
+            return torch.mm(weight, x2.T).T.contiguous().view(*x.shape[:-1], weight.shape[0])
         return torch.nn.functional.linear(x, weight)
     finally:
         if lib:

@@ -307,3 +307,55 @@ def test_latents_drawn_once_per_update_are_the_forwards_own():
     given = _latents(m, SimpleNamespace(ids=ids, seeds=seeds), torch.device("cpu"))
     with torch.no_grad():
         assert torch.equal(m(ids, seed=seeds, latent_state=given), m(ids, seed=seeds))
+
+
+def test_each_blocks_last_norm_computing_the_next_first_gives_the_same_bits(monkeypatch):
+    """The chains of blocks hand each block's first norm to the block before (one kernel fewer per
+    block when fused); eager, prefill, decode steps and a training forward with gradients are the
+    block-by-block model's bits."""
+    from hobson.models.huginn import HuginnRaven
+
+    cfg = tiny_config("huginn_raven", n_layers_in_prelude=2, n_layers_in_recurrent_block=3, n_layers_in_coda=2)
+    m = get_provider(cfg).build_actor(cfg, seed=3)
+    ids = _ids(2, 6, seed=4)
+
+    def run() -> list[torch.Tensor]:
+        m.zero_grad(set_to_none=True)
+        out = m(ids, 2, 1)
+        out.float().square().mean().backward()
+        outs = [out.detach(), m.transformer.core_block[1].norm_1.weight.grad.clone(),
+                m.transformer.coda[1].norm_1.weight.grad.clone()]
+        with torch.no_grad():
+            cache = m.new_cache()
+            outs.append(m.prefill(ids[:, :4], cache, num_steps_no_grad=3))
+            for t in (4, 5):
+                outs.append(m(ids[:, t:t + 1], 3, cache=cache))
+        return outs
+
+    from hobson.models.huginn import SandwichBlock
+
+    folds = []
+    chained_fn = SandwichBlock.chained
+
+    def counting(self, x, h, next_norm, *a):  # noqa: ANN001, ANN202
+        folds.append(next_norm is not None)
+        return chained_fn(self, x, h, next_norm, *a)
+
+    monkeypatch.setattr(SandwichBlock, "chained", counting)
+    chained = run()
+    # per forward: prelude 1, 2 per recurrence step, coda 1 (the last block of each chain has no next)
+    assert sum(folds) == 4 * (1 + 2 * 3 + 1)
+    calls = []
+
+    def one_by_one(self, blocks, x, freqs, mask, cache, slots):  # noqa: ANN001, ANN202
+        calls.append(len(blocks))
+        for block, slot in zip(blocks, slots, strict=True):
+            x = self._block(block, x, freqs, mask, cache, slot)
+        return x
+
+    monkeypatch.setattr(HuginnRaven, "_chain", one_by_one)
+    separate = run()
+    assert calls and max(calls) == 3
+    assert len(chained) == len(separate) == 6
+    for a, b in zip(chained, separate, strict=True):
+        assert torch.equal(a, b)

@@ -445,10 +445,23 @@ class SandwichBlock(nn.Module):
         self.norm_4 = RMSNorm(cfg.n_embd, cfg.norm_eps)
 
     def forward(self, x: Tensor, freqs: Tensor, mask: Tensor | None, cache: KVCache | None, slot: Any) -> Tensor:
-        a = self.attn(self.norm_1(x), freqs, mask, cache, slot)
+        return self.chained(x, None, None, freqs, mask, cache, slot)[0]
+
+    def chained(
+        self, x: Tensor, h: Tensor | None, next_norm: RMSNorm | None, freqs: Tensor, mask: Tensor | None,
+        cache: KVCache | None, slot: Any,
+    ) -> tuple[Tensor, Tensor | None]:
+        """The block, with ``h = norm_1(x)`` given when the block before computed it, and returning
+        ``(out, next_norm(out))``: the next block's first norm runs in this block's last norm's kernel
+        when fused (one kernel fewer per block of a chain). Eager, the same operations in the same
+        order as one block after another: the same bits."""
+        a = self.attn(self.norm_1(x) if h is None else h, freqs, mask, cache, slot)
         # x = norm_2(a + x); h = norm_3(x); out = norm_4(mlp(h) + x), with the adds in the norms' kernels
         x, h = sandwich_norms(a, x, self.norm_2.weight, self.norm_3.weight, self.norm_2.eps)
-        return add_rms_norm(self.mlp(h), x, self.norm_4.weight, self.norm_4.eps)[1]
+        m = self.mlp(h)
+        if next_norm is None:
+            return add_rms_norm(m, x, self.norm_4.weight, self.norm_4.eps)[1], None
+        return sandwich_norms(m, x, self.norm_4.weight, next_norm.weight, self.norm_4.eps)
 
 
 class HuginnRaven(nn.Module):
@@ -540,13 +553,30 @@ class HuginnRaven(nn.Module):
             return checkpointed(block, x, freqs, mask, None, slot)
         return block(x, freqs, mask, cache, slot)
 
+    def _chain(
+        self, blocks: nn.ModuleList, x: Tensor, freqs: Tensor, mask: Tensor | None, cache: KVCache | None,
+        slots: list[Any],
+    ) -> Tensor:
+        """Blocks one after another; each block's last norm also computes the next one's first
+        (:meth:`SandwichBlock.chained`), except under activation checkpointing, where each block
+        is its own checkpoint."""
+        if self.gradient_checkpointing and cache is None and torch.is_grad_enabled():
+            for block, slot in zip(blocks, slots, strict=True):
+                x = self._block(block, x, freqs, mask, cache, slot)
+            return x
+        h = None
+        for i, (block, slot) in enumerate(zip(blocks, slots, strict=True)):
+            # every norm of the model has the config's one eps, which sandwich_norms applies to both
+            x, h = block.chained(x, h, blocks[i + 1].norm_1 if i + 1 < len(blocks) else None,
+                                 freqs, mask, cache, slot)
+        return x
+
     def _core_step(
         self, state: Tensor, e: Tensor, freqs: Tensor, mask: Tensor | None, cache: KVCache | None, step: int
     ) -> Tensor:
         x = self.transformer.adapter(torch.cat([state, e], dim=-1))
-        for j, block in enumerate(self.transformer.core_block):
-            x = self._block(block, x, freqs, mask, cache, ("core", step, j))
-        return x
+        blocks = self.transformer.core_block
+        return self._chain(blocks, x, freqs, mask, cache, [("core", step, j) for j in range(len(blocks))])
 
     def forward(
         self,
@@ -600,8 +630,8 @@ class HuginnRaven(nn.Module):
         freqs = self.freqs_cis[0][positions]  # (B, T, 1, D/2, 2), fp32
 
         x = self.transformer.wte(input_ids) * cfg.emb_scale
-        for i, block in enumerate(self.transformer.prelude):
-            x = self._block(block, x, freqs, mask, cache, ("prelude", i))
+        prelude, coda = self.transformer.prelude, self.transformer.coda
+        x = self._chain(prelude, x, freqs, mask, cache, [("prelude", i) for i in range(len(prelude))])
         e = x
         if latent_state is None:
             latent_state = initial_state(seeds, positions if host_positions is None else host_positions, cfg.n_embd)
@@ -612,8 +642,7 @@ class HuginnRaven(nn.Module):
         for step in range(num_steps_no_grad, num_steps_no_grad + num_steps_with_grad):
             state = self._core_step(state, e, freqs, mask, cache, step)
         x = self.transformer.ln_f(state)
-        for i, block in enumerate(self.transformer.coda):
-            x = self._block(block, x, freqs, mask, cache, ("coda", i))
+        x = self._chain(coda, x, freqs, mask, cache, [("coda", i) for i in range(len(coda))])
         x = self.transformer.ln_f(x)
         finish_step(cache, T, key_mask)
         if self.critic:

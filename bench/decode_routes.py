@@ -61,7 +61,7 @@ def main() -> None:
     args = p.parse_args()
     models = args.models.split(",")
     work = Path(tempfile.mkdtemp(prefix="decode-routes-"))
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    env = dict(os.environ)  # hobson is installed (pip install -e .) or on the caller's PYTHONPATH
     skinny_models = ",".join("huginn" if m == "huginn_raven" else m for m in models)
     subprocess.run([sys.executable, str(ROOT / "bench" / "skinny_gemm.py"), "--models", skinny_models,
                     "--dtypes", "bfloat16", "--sweep", "--sweep-deadline", str(args.sweep_deadline),

@@ -46,3 +46,25 @@ def test_routes_from_session_12s_h200_timings_and_the_table_they_make(tmp_path: 
         assert skinny._routes() == skinny.ROUTES_16BIT == {}  # no table: cuBLAS for every 16-bit shape
     finally:
         skinny._routes.cache_clear()
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("not json", "not a readable JSON file"),
+    ('{"n": 1}', "expected a JSON list"),
+    ('[{"n": 3072, "k": 6144, "dtype": "bfloat16", "route": "cublas sideways"}]', "entry 0"),
+    ('[{"n": 3072, "k": 6144, "dtype": "float32", "route": "triton"}]', "dtype bfloat16 or float16"),
+])
+def test_a_bad_route_table_is_one_error_naming_the_file_and_entry(text: str, says: str, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from hobson.errors import ConfigError
+
+    table = tmp_path / "routes.json"
+    table.write_text(text)
+    monkeypatch.setenv("HOBSON_GEMM16_ROUTES", str(table))
+    skinny._routes.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match=says) as e:
+            skinny._routes()
+        assert str(table) in str(e.value)
+    finally:
+        skinny._routes.cache_clear()

@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -94,14 +96,39 @@ def _sm_count(device: torch.device) -> int:
 ROUTES_16BIT: dict[tuple[int, int, str], str] = {}
 
 
+_ROUTE = re.compile(r"(cublas|cublaslt|cublas swapped|cublaslt swapped|triton|triton \d+x\d+ s\d+ st\d+)")
+
+
 @functools.cache
 def _routes() -> dict[tuple[int, int, str], str]:
+    """The route table: ROUTES_16BIT, or the file HOBSON_GEMM16_ROUTES names, checked entry by entry
+    when first read (a bad table is one error naming the file and entry, not a failure mid-decode)."""
     path = os.environ.get("HOBSON_GEMM16_ROUTES")
     if not path:
         return ROUTES_16BIT
     import json
 
-    return {(int(r["n"]), int(r["k"]), str(r["dtype"])): str(r["route"]) for r in json.loads(open(path).read())}
+    from hobson.errors import ConfigError
+
+    try:
+        entries = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"HOBSON_GEMM16_ROUTES={path}: not a readable JSON file ({e})") from None
+    if not isinstance(entries, list):
+        raise ConfigError(f"HOBSON_GEMM16_ROUTES={path}: expected a JSON list of {{n, k, dtype, route}}")
+    table, problems = {}, []
+    for i, r in enumerate(entries):
+        ok = (isinstance(r, dict) and isinstance(r.get("n"), int) and isinstance(r.get("k"), int)
+              and r.get("dtype") in ("bfloat16", "float16") and isinstance(r.get("route"), str)
+              and _ROUTE.fullmatch(r["route"]) is not None)
+        if not ok:
+            problems.append(f"entry {i} ({r!r}): needs integer n and k, dtype bfloat16 or float16, and a route "
+                            "of cublas, cublaslt, cublas swapped, cublaslt swapped, triton or 'triton BNxBK sS stT'")
+            continue
+        table[(r["n"], r["k"], r["dtype"])] = r["route"]
+    if problems:
+        raise ConfigError(f"HOBSON_GEMM16_ROUTES={path}:\n" + "\n".join(problems))
+    return table
 
 
 def route(x: Tensor, weight: Tensor) -> str | None:

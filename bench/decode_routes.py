@@ -1,6 +1,7 @@
 """Decode with the 16-bit GEMM routes and the SwiGLU-in-down kernel, against cuBLAS's default, one card.
 
     python bench/decode_routes.py --json bench/results/decode_routes-<date>.json [--models nanbeige,huginn_raven]
+        [--routes TABLE.json --variants cublas,routes --repeat 3]
 
 Two changes that are off until a GPU measures them (src/hobson/models/skinny.py):
 
@@ -13,8 +14,9 @@ Steps, each in its own process: ``bench/skinny_gemm.py --sweep`` times every ker
 (bf16, the models asked for); the fastest choice per shape that is at least ``--margin`` faster
 than cuBLAS and (Triton) repeats its bits goes into a route table; then ``bench/rl_gpu.py --parts
 rollout --rollout-dtype bfloat16 --engines now`` runs per model with cuBLAS (the baseline a user
-gets), the table, and the table plus the SwiGLU kernel. The table prints decode ms/step, the ratio
-to cuBLAS in the same run, and the largest engine − trainer
+gets), the table, and the table plus the SwiGLU kernel (``--variants``), ``--repeat`` times
+interleaved. The table prints each variant's fastest decode ms/step and every run's, the ratio to
+cuBLAS in the same run, and the largest engine − trainer
 log-prob difference of the bf16 tokens (the kernels' own change shows as a change of it).
 """
 
@@ -31,7 +33,9 @@ from pathlib import Path
 from common import commit, log, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = {"cuBLAS (default)": (False, False), "routes": (True, False), "routes + SwiGLU in down": (True, True)}
+# --variants key: (label, use the route table, SwiGLU in the down projection)
+VARIANTS = {"cublas": ("cuBLAS (default)", False, False), "routes": ("routes", True, False),
+            "glu": ("routes + SwiGLU in down", True, True)}
 
 
 def pick_routes(skinny: dict, margin: float) -> list[dict]:
@@ -58,22 +62,33 @@ def main() -> None:
     p.add_argument("--margin", type=float, default=0.03, help="how much faster than cuBLAS a route must be")
     p.add_argument("--sweep-deadline", type=float, default=60.0)
     p.add_argument("--timeout", type=float, default=150.0, help="seconds per rollout process")
+    p.add_argument("--routes", help="a route table measured before (skips the sweep)")
+    p.add_argument("--variants", default="cublas,routes,glu", help="any of cublas, routes, glu")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs per variant, interleaved (c r g c r g ...): the table shows the fastest and the spread")
     args = p.parse_args()
+    unknown = set(args.variants.split(",")) - set(VARIANTS)
+    if unknown:
+        p.error(f"--variants: unknown {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
+    variants = [VARIANTS[k] for k in args.variants.split(",")]
     models = args.models.split(",")
     work = Path(tempfile.mkdtemp(prefix="decode-routes-"))
     env = dict(os.environ)  # hobson is installed (pip install -e .) or on the caller's PYTHONPATH
     skinny_models = ",".join("huginn" if m == "huginn_raven" else m for m in models)
-    subprocess.run([sys.executable, str(ROOT / "bench" / "skinny_gemm.py"), "--models", skinny_models,
-                    "--dtypes", "bfloat16", "--sweep", "--sweep-deadline", str(args.sweep_deadline),
-                    "--json", str(work / "skinny.json")], env=env, check=True)
-    routes = pick_routes(json.loads((work / "skinny.json").read_text()), args.margin)
+    if args.routes:
+        routes = json.loads(Path(args.routes).read_text())
+    else:
+        subprocess.run([sys.executable, str(ROOT / "bench" / "skinny_gemm.py"), "--models", skinny_models,
+                        "--dtypes", "bfloat16", "--sweep", "--sweep-deadline", str(args.sweep_deadline),
+                        "--json", str(work / "skinny.json")], env=env, check=True)
+        routes = pick_routes(json.loads((work / "skinny.json").read_text()), args.margin)
     table = work / "routes.json"
     table.write_text(json.dumps(routes, indent=1))
     log(f"{len(routes)} routes: " + ", ".join(f"{r['n']}x{r['k']} {r['route']}" for r in routes))
     res: dict = {"bench": "decode_routes", "command": ["python", "bench/decode_routes.py", *sys.argv[1:]],
                  "commit": commit(), "routes": routes, "rows": []}
     for model in models:
-        for label, (use_routes, glu) in VARIANTS.items():
+        for run, (label, use_routes, glu) in ((i, v) for i in range(args.repeat) for v in variants):
             out = work / f"{model}-{len(res['rows'])}.json"
             venv = dict(env, HOBSON_GEMM16_ROUTES=str(table) if use_routes else "", HOBSON_GLU_DOWN="1" if glu else "0")
             try:
@@ -88,28 +103,49 @@ def main() -> None:
             ro = r["rollout"]
             res["machine"] = r.get("machine")
             gaps = ro.get("engine_vs_trainer_logprob_gap") or {}
-            res["rows"].append({"model": model, "variant": label, "decode_ms_per_step": ro["decode_ms_per_step"],
+            res["rows"].append({"model": model, "variant": label, "run": run,
+                                "decode_ms_per_step": ro["decode_ms_per_step"],
                                 "engine_vs_trainer_logprob_gap": max(gaps.values(), default=None)})
             if args.json:
                 write_json(args.json, res)
     gpu = (res.get("machine") or {}).get("gpu")
-    print(f"\n### Decode, bf16, batch 16, {gpu}: 16-bit GEMM routes and SwiGLU in the down projection\n")
-    print("| model | variant | decode ms/step | cuBLAS / this | max abs. log-prob gap to the eager trainer (bf16) |")
-    print("| --- | --- | ---: | ---: | ---: |")
-    base: dict = {}
-    for row in res["rows"]:
-        if "error" in row:
-            print(f"| {row['model']} | {row['variant']} | error | | |")
-            continue
-        ms = row["decode_ms_per_step"]
-        if row["variant"] == "cuBLAS (default)":
-            base[row["model"]] = ms
-        row["vs_cublas"] = base[row["model"]] / ms if row["model"] in base else float("nan")
+    print(f"\n### Decode, bf16, batch 16, {gpu}: 16-bit GEMM routes and SwiGLU in the down projection"
+          f" ({args.repeat} interleaved run(s) each)\n")
+    print("| model | variant | decode ms/step, fastest run | all runs | cuBLAS / this (fastest) | "
+          "max abs. log-prob gap to the eager trainer (bf16) |")
+    print("| --- | --- | ---: | --- | ---: | ---: |")
+    res["table"] = summarize(res["rows"])
+    for row in res["table"]:
         gap = row["engine_vs_trainer_logprob_gap"]
-        print(f"| {row['model']} | {row['variant']} | {ms:.2f} | {row['vs_cublas']:.2f}× | "
-              f"{gap if gap is None else f'{gap:.1e}'} |")
+        runs = ", ".join(f"{v:.2f}" for v in row["runs"]) + (f" ({row['errors']} failed)" if row["errors"] else "")
+        print(f"| {row['model']} | {row['variant']} | {row['decode_ms_per_step']:.2f} | {runs} | "
+              f"{row['vs_cublas']:.2f}× | {gap if gap is None else f'{gap:.1e}'} |")
     if args.json:
         write_json(args.json, res)
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """One line per (model, variant): the fastest run's ms/step (a run is slowed, never sped up, by
+    what else the machine does), every run's, and the ratio to the fastest cuBLAS run of the model."""
+    table: dict = {}
+    for r in rows:
+        t = table.setdefault((r["model"], r["variant"]), {"model": r["model"], "variant": r["variant"], "runs": [],
+                                                         "errors": 0, "engine_vs_trainer_logprob_gap": None})
+        if "error" in r:
+            t["errors"] += 1
+            continue
+        t["runs"].append(r["decode_ms_per_step"])
+        g = r["engine_vs_trainer_logprob_gap"]
+        if g is not None:
+            t["engine_vs_trainer_logprob_gap"] = max(g, t["engine_vs_trainer_logprob_gap"] or 0.0)
+    out = []
+    for t in table.values():
+        t["decode_ms_per_step"] = min(t["runs"], default=float("nan"))
+        base = table.get((t["model"], "cuBLAS (default)"))
+        t["vs_cublas"] = (min(base["runs"]) / t["decode_ms_per_step"]) if base and base["runs"] and t["runs"] \
+            else float("nan")
+        out.append(t)
+    return out
 
 
 if __name__ == "__main__":

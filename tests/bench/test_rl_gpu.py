@@ -36,7 +36,7 @@ def test_rollout_and_publish_parts_tiny_on_cpu(tmp_path: Path) -> None:
     # noise can make it (and the ratios of it) negative, so only their presence is checked, not signs
     assert math.isfinite(res["rollout"]["vs_before_session_25"]) and math.isfinite(res["rollout"]["vs_sdpa_attention"])
     assert all(e["tokens_per_s"] > 0 and math.isfinite(e["decode_ms_per_step"]) for e in engines.values())
-    assert res["rollout"]["vs_reference"]["floor_ms"] == 22.0
+    assert res["rollout"]["vs_reference"]["floor_ms"] is None  # measured on a GPU at the official size only
     for name in ("native engine (CUDA graphs)", "plain HF-style generate"):  # --profile, host side on a CPU
         prof = res["rollout"]["profile"][name]
         assert prof["steps"] == 4 and prof["aten_ops_per_step"] > 0 and prof["top_host_ops"]

@@ -29,7 +29,7 @@ def _engine(tmp_path: Path, kind: str, keep_decode: bool = True, dtype: torch.dt
     provider = get_provider(cfg)
     actor = provider.build_actor(cfg, seed=0)
     root = tmp_path / "pub"
-    publication.publish(provider, actor, root, 0, model_revision="r", engine_revision="e", dtype=torch.float32)
+    publication.publish(provider, actor, root, 0, model_revision="r", engine_revision="e", dtype=dtype)
     engine_gpu = torch.cuda.device_count() - 1
     engine = NativeEngine(provider, dtype=dtype, device=f"cuda:{engine_gpu}", eos_id=-1, pad_id=0,
                           model_revision="r", engine_revision="e", keep_decode=keep_decode)

@@ -36,14 +36,14 @@ def test_routes_from_session_12s_h200_timings_and_the_table_they_make(tmp_path: 
     monkeypatch.setenv("HOBSON_GEMM16_ROUTES", str(table))
     skinny._routes.cache_clear()
     try:
-        assert skinny._routes()[(3072, 6144, "bfloat16")] == "triton 128x128 s4 st4"
+        assert skinny._routes("NVIDIA H200")[(3072, 6144, "bfloat16")] == "triton 128x128 s4 st4"
         assert skinny.parse_triton("triton 128x128 s4 st4", 3072, 6144, torch.bfloat16, 132) == skinny.Plan(
             128, 128, 4, 4, 4)
         x, w = torch.zeros(16, 6144, dtype=torch.bfloat16), torch.zeros(3072, 6144, dtype=torch.bfloat16)
         assert skinny.route(x, w) is None  # a CPU product is torch's, whatever the table says
         monkeypatch.delenv("HOBSON_GEMM16_ROUTES")
         skinny._routes.cache_clear()
-        assert skinny._routes() == skinny.ROUTES_16BIT == {}  # no table: cuBLAS for every 16-bit shape
+        assert skinny._routes("a card not measured") == {}  # no table: cuBLAS for every 16-bit shape
     finally:
         skinny._routes.cache_clear()
 
@@ -64,7 +64,7 @@ def test_a_bad_route_table_is_one_error_naming_the_file_and_entry(text: str, say
     skinny._routes.cache_clear()
     try:
         with pytest.raises(ConfigError, match=says) as e:
-            skinny._routes()
+            skinny._routes("NVIDIA H200")
         assert str(table) in str(e.value)
     finally:
         skinny._routes.cache_clear()
@@ -86,3 +86,15 @@ def test_interleaved_runs_are_summarized_by_the_fastest_run_against_the_fastest_
     assert table["routes"]["errors"] == 1 and table["routes"]["runs"] == [6.34]
     assert table["routes"]["vs_cublas"] == pytest.approx(6.50 / 6.34)
     assert table["cuBLAS (default)"]["vs_cublas"] == 1.0
+
+
+def test_the_shipped_route_table_is_per_card(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A route measured on one card is not taken on another (the fastest kernel per shape differs)."""
+    monkeypatch.delenv("HOBSON_GEMM16_ROUTES", raising=False)
+    monkeypatch.setattr(skinny, "ROUTES_16BIT", {"NVIDIA H100 80GB HBM3": {(3072, 6144, "bfloat16"): "cublaslt"}})
+    skinny._routes.cache_clear()
+    try:
+        assert skinny._routes("NVIDIA H100 80GB HBM3") == {(3072, 6144, "bfloat16"): "cublaslt"}
+        assert skinny._routes("NVIDIA H200") == {}
+    finally:
+        skinny._routes.cache_clear()

@@ -102,3 +102,16 @@ def test_the_down_projection_with_swiglu_in_its_loads(dtype: torch.dtype, m: int
     assert not skinny.glu_usable(gate_up, w)  # off unless asked for
     monkeypatch.setenv("HOBSON_GLU_DOWN", "1")
     assert skinny.glu_usable(gate_up, w) and not skinny.glu_usable(torch.cat([gate_up] * 6), w)
+
+
+def test_the_route_table_of_this_card_and_no_other_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HOBSON_GEMM16_ROUTES", raising=False)
+    x = torch.randn(16, 1, 6144, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(3072, 6144, device="cuda", dtype=torch.bfloat16)
+    for card, want in ((skinny._card(x.device), "cublaslt"), ("a card not this one", None)):
+        monkeypatch.setattr(skinny, "ROUTES_16BIT", {card: {(3072, 6144, "bfloat16"): "cublaslt"}})
+        skinny._routes.cache_clear()
+        try:
+            assert skinny.route(x, w) == want
+        finally:
+            skinny._routes.cache_clear()

@@ -89,23 +89,31 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-# 16-bit products that measured faster off cuBLAS's default choice: (N, K, dtype) -> route, in the
-# bench's labels ("cublaslt", "cublas swapped", "cublaslt swapped", "triton", or a swept
-# "triton BNxBK sS stT"). Empty: every 16-bit product stays with cuBLAS. HOBSON_GEMM16_ROUTES names
-# a JSON list of {"n", "k", "dtype", "route"} that replaces it (how a bench tries a table).
-ROUTES_16BIT: dict[tuple[int, int, str], str] = {}
+# 16-bit decode products that measured faster off cuBLAS's default choice, per card (the name
+# torch.cuda.get_device_name gives): (N, K, dtype) -> route, in the bench's labels ("cublaslt",
+# "cublas swapped", "cublaslt swapped", "triton", or a swept "triton BNxBK sS stT"). A card not here,
+# or a shape not in its table, stays with cuBLAS: the best kernel for a shape differs from card to
+# card. HOBSON_GEMM16_ROUTES names a JSON list of {"n", "k", "dtype", "route"} that replaces the
+# table on any card (how bench/decode_routes.py tries one).
+ROUTES_16BIT: dict[str, dict[tuple[int, int, str], str]] = {}
 
 
 _ROUTE = re.compile(r"(cublas|cublaslt|cublas swapped|cublaslt swapped|triton|triton \d+x\d+ s\d+ st\d+)")
 
 
 @functools.cache
-def _routes() -> dict[tuple[int, int, str], str]:
-    """The route table: ROUTES_16BIT, or the file HOBSON_GEMM16_ROUTES names, checked entry by entry
-    when first read (a bad table is one error naming the file and entry, not a failure mid-decode)."""
+def _card(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device)
+
+
+@functools.cache
+def _routes(card: str) -> dict[tuple[int, int, str], str]:
+    """The route table of ``card``: ROUTES_16BIT's, or the file HOBSON_GEMM16_ROUTES names, checked
+    entry by entry when first read (a bad table is one error naming the file and entry, not a failure
+    mid-decode)."""
     path = os.environ.get("HOBSON_GEMM16_ROUTES")
     if not path:
-        return ROUTES_16BIT
+        return ROUTES_16BIT.get(card, {})
     import json
 
     from hobson.errors import ConfigError
@@ -137,7 +145,7 @@ def route(x: Tensor, weight: Tensor) -> str | None:
         return None
     if x.dtype != weight.dtype or x.numel() // max(x.shape[-1], 1) > MAX_ROWS:
         return None
-    r = _routes().get((weight.shape[0], weight.shape[1], str(x.dtype).removeprefix("torch.")))
+    r = _routes(_card(x.device)).get((weight.shape[0], weight.shape[1], str(x.dtype).removeprefix("torch.")))
     if r is None or r == "cublas" or (r.startswith("triton") and not _triton_ok()):
         return None
     return r

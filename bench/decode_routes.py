@@ -3,18 +3,19 @@
     python bench/decode_routes.py --json bench/results/decode_routes-<date>.json [--models nanbeige,huginn_raven]
         [--routes TABLE.json --variants cublas,routes --repeat 3]
 
-Two changes that are off until a GPU measures them (src/hobson/models/skinny.py):
+Two decode changes (src/hobson/models/skinny.py):
 
-- a route per 16-bit decode GEMM shape (``ROUTES_16BIT``; ``HOBSON_GEMM16_ROUTES`` names a table to
-  try): cuBLASLt, the swapped-operand product ``(W @ xᵀ)ᵀ``, or a Triton tile;
-- ``HOBSON_GLU_DOWN=1``: the MLP's down projection takes ``[gate | up]`` and does the SwiGLU as its
-  kernel loads the input (one kernel fewer per layer).
+- a route per 16-bit decode GEMM shape and card (``ROUTES_16BIT``, measured by this bench; on an
+  H100 since session 30; ``HOBSON_GEMM16_ROUTES`` names a table to try, ``none`` for cuBLAS
+  throughout): cuBLASLt, the swapped-operand product ``(W @ xᵀ)ᵀ``, or a Triton tile;
+- ``HOBSON_GLU_DOWN=1`` (off: slower on an H100, session 30): the MLP's down projection takes
+  ``[gate | up]`` and does the SwiGLU as its kernel loads the input (one kernel fewer per layer).
 
 Steps, each in its own process: ``bench/skinny_gemm.py --sweep`` times every kernel choice per shape
 (bf16, the models asked for); the fastest choice per shape that is at least ``--margin`` faster
 than cuBLAS and (Triton) repeats its bits goes into a route table; then ``bench/rl_gpu.py --parts
-rollout --rollout-dtype bfloat16 --engines now`` runs per model with cuBLAS (the baseline a user
-gets), the table, and the table plus the SwiGLU kernel (``--variants``), ``--repeat`` times
+rollout --rollout-dtype bfloat16 --engines now`` runs per model with cuBLAS throughout (the
+baseline), the table, and the table plus the SwiGLU kernel (``--variants``), ``--repeat`` times
 interleaved. The table prints each variant's fastest decode ms/step and every run's, the ratio to
 cuBLAS in the same run, and the largest engine − trainer
 log-prob difference of the bf16 tokens (the kernels' own change shows as a change of it).
@@ -34,7 +35,7 @@ from common import commit, log, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 # --variants key: (label, use the route table, SwiGLU in the down projection)
-VARIANTS = {"cublas": ("cuBLAS (default)", False, False), "routes": ("routes", True, False),
+VARIANTS = {"cublas": ("cuBLAS", False, False), "routes": ("routes", True, False),
             "glu": ("routes + SwiGLU in down", True, True)}
 
 
@@ -90,7 +91,8 @@ def main() -> None:
     for model in models:
         for run, (label, use_routes, glu) in ((i, v) for i in range(args.repeat) for v in variants):
             out = work / f"{model}-{len(res['rows'])}.json"
-            venv = dict(env, HOBSON_GEMM16_ROUTES=str(table) if use_routes else "", HOBSON_GLU_DOWN="1" if glu else "0")
+            venv = dict(env, HOBSON_GEMM16_ROUTES=str(table) if use_routes else "none",
+                        HOBSON_GLU_DOWN="1" if glu else "0")
             try:
                 subprocess.run([sys.executable, str(ROOT / "bench" / "rl_gpu.py"), "--kind", model,
                                 "--parts", "rollout", "--rollout-dtype", "bfloat16", "--engines", "now",
@@ -141,7 +143,7 @@ def summarize(rows: list[dict]) -> list[dict]:
     out = []
     for t in table.values():
         t["decode_ms_per_step"] = min(t["runs"], default=float("nan"))
-        base = table.get((t["model"], "cuBLAS (default)"))
+        base = table.get((t["model"], "cuBLAS"))
         t["vs_cublas"] = (min(base["runs"]) / t["decode_ms_per_step"]) if base and base["runs"] and t["runs"] \
             else float("nan")
         out.append(t)

@@ -73,19 +73,19 @@ def test_a_bad_route_table_is_one_error_naming_the_file_and_entry(text: str, say
 def test_interleaved_runs_are_summarized_by_the_fastest_run_against_the_fastest_cublas_run() -> None:
     import decode_routes
 
-    rows = [{"model": "nanbeige", "variant": "cuBLAS (default)", "decode_ms_per_step": 6.62,
+    rows = [{"model": "nanbeige", "variant": "cuBLAS", "decode_ms_per_step": 6.62,
              "engine_vs_trainer_logprob_gap": 0.27},
             {"model": "nanbeige", "variant": "routes", "decode_ms_per_step": 6.34,
              "engine_vs_trainer_logprob_gap": 0.26},
-            {"model": "nanbeige", "variant": "cuBLAS (default)", "decode_ms_per_step": 6.50,
+            {"model": "nanbeige", "variant": "cuBLAS", "decode_ms_per_step": 6.50,
              "engine_vs_trainer_logprob_gap": 0.25},
             {"model": "nanbeige", "variant": "routes", "error": "TimeoutExpired"}]
     table = {t["variant"]: t for t in decode_routes.summarize(rows)}
-    assert table["cuBLAS (default)"]["runs"] == [6.62, 6.50] and table["cuBLAS (default)"]["decode_ms_per_step"] == 6.50
-    assert table["cuBLAS (default)"]["engine_vs_trainer_logprob_gap"] == 0.27  # the largest of the runs
+    assert table["cuBLAS"]["runs"] == [6.62, 6.50] and table["cuBLAS"]["decode_ms_per_step"] == 6.50
+    assert table["cuBLAS"]["engine_vs_trainer_logprob_gap"] == 0.27  # the largest of the runs
     assert table["routes"]["errors"] == 1 and table["routes"]["runs"] == [6.34]
     assert table["routes"]["vs_cublas"] == pytest.approx(6.50 / 6.34)
-    assert table["cuBLAS (default)"]["vs_cublas"] == 1.0
+    assert table["cuBLAS"]["vs_cublas"] == 1.0
 
 
 def test_the_shipped_route_table_is_per_card(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,5 +96,8 @@ def test_the_shipped_route_table_is_per_card(monkeypatch: pytest.MonkeyPatch) ->
     try:
         assert skinny._routes("NVIDIA H100 80GB HBM3") == {(3072, 6144, "bfloat16"): "cublaslt"}
         assert skinny._routes("NVIDIA H200") == {}
+        monkeypatch.setenv("HOBSON_GEMM16_ROUTES", "none")  # the bench's cuBLAS row
+        skinny._routes.cache_clear()
+        assert skinny._routes("NVIDIA H100 80GB HBM3") == {}
     finally:
         skinny._routes.cache_clear()

@@ -5,9 +5,10 @@
 
 Two decode changes (src/hobson/models/skinny.py):
 
-- a route per 16-bit decode GEMM shape and card (``ROUTES_16BIT``, measured by this bench; on an
-  H100 since session 30; ``HOBSON_GEMM16_ROUTES`` names a table to try, ``none`` for cuBLAS
-  throughout): cuBLASLt, the swapped-operand product ``(W @ xᵀ)ᵀ``, or a Triton tile;
+- a route per 16-bit decode GEMM shape and card (``ROUTES_16BIT``, filled from this bench's
+  figures; empty: no card has shown a reliable whole-step gain yet; ``HOBSON_GEMM16_ROUTES`` names
+  a table to try, ``none`` for cuBLAS throughout): cuBLASLt, the swapped-operand product
+  ``(W @ xᵀ)ᵀ``, or a Triton tile;
 - ``HOBSON_GLU_DOWN=1`` (off: slower on an H100, session 30): the MLP's down projection takes
   ``[gate | up]`` and does the SwiGLU as its kernel loads the input (one kernel fewer per layer).
 

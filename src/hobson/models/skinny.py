@@ -95,19 +95,10 @@ def _sm_count(device: torch.device) -> int:
 # or a shape not in its table, stays with cuBLAS: the best kernel for a shape differs from card to
 # card. HOBSON_GEMM16_ROUTES names a JSON list of {"n", "k", "dtype", "route"} that replaces the
 # table on any card (how bench/decode_routes.py tries one); HOBSON_GEMM16_ROUTES=none, cuBLAS for all.
-ROUTES_16BIT: dict[str, dict[tuple[int, int, str], str]] = {
-    # session 30, one H100 (bench/results/gpu-2026-12-07-s30/call{1,2}-decode_routes-*): each ≥ 3%
-    # faster than cuBLAS alone (µs route / cuBLAS); bf16 decode with them 1.05× (Nanbeige) and 1.01×
-    # (Huginn) cuBLAS's ms/step in the same run
-    "NVIDIA H100 80GB HBM3": {
-        (3072, 6144, "bfloat16"): "triton 64x128 s4 st3",  # Nanbeige o: 17.2 / 18.1
-        (21504, 3072, "bfloat16"): "triton 64x128 s1 st3",  # Nanbeige gate|up: 46.9 / 49.1
-        (166144, 3072, "bfloat16"): "triton 64x128 s1 st6",  # Nanbeige lm_head: 338.0 / 360.2
-        (5280, 17920, "bfloat16"): "cublaslt",  # Huginn mlp.proj: 66.6 / 72.4
-        (5280, 10560, "bfloat16"): "cublaslt",  # Huginn adapter: 41.6 / 44.6
-        (65536, 5280, "bfloat16"): "triton 64x128 s1 st6",  # Huginn lm_head: 240.2 / 250.3
-    },
-}
+# Empty: on an H100 (session 30) the routes that won per shape (3-8% each, kernels timed alone) gave
+# a Nanbeige step 1.05x in one machine's run and 0.96x in another's, Huginn 1.01x: no reliable gain
+# in a whole decode step (docs/BENCHMARKS.md; bench/results/gpu-2026-12-07-s30/).
+ROUTES_16BIT: dict[str, dict[tuple[int, int, str], str]] = {}
 
 
 _ROUTE = re.compile(r"(cublas|cublaslt|cublas swapped|cublaslt swapped|triton|triton \d+x\d+ s\d+ st\d+)")

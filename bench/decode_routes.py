@@ -1,22 +1,19 @@
-"""Decode with the 16-bit GEMM routes and the SwiGLU-in-down kernel, against cuBLAS's default, one card.
+"""Decode with the 16-bit GEMM routes against cuBLAS's default, one card.
 
     python bench/decode_routes.py --json bench/results/decode_routes-<date>.json [--models nanbeige,huginn_raven]
         [--routes TABLE.json --variants cublas,routes --repeat 3]
 
-Two decode changes (src/hobson/models/skinny.py):
-
-- a route per 16-bit decode GEMM shape and card (``ROUTES_16BIT``, filled from this bench's
-  figures; empty: no card has shown a reliable whole-step gain yet; ``HOBSON_GEMM16_ROUTES`` names
-  a table to try, ``none`` for cuBLAS throughout): cuBLASLt, the swapped-operand product
-  ``(W @ xᵀ)ᵀ``, or a Triton tile;
-- ``HOBSON_GLU_DOWN=1`` (off: slower on an H100, session 30): the MLP's down projection takes
-  ``[gate | up]`` and does the SwiGLU as its kernel loads the input (one kernel fewer per layer).
+A route per 16-bit decode GEMM shape and card (src/hobson/models/skinny.py ``ROUTES_16BIT``,
+filled from this bench's figures; empty: no card has shown a reliable whole-step gain yet;
+``HOBSON_GEMM16_ROUTES`` names a table to try, ``none`` for cuBLAS throughout): cuBLASLt, the
+swapped-operand product ``(W @ xᵀ)ᵀ``, or a Triton tile. (SwiGLU inside the down projection's
+loads, a third variant until session 30, was slower on both models on an H100 and was removed.)
 
 Steps, each in its own process: ``bench/skinny_gemm.py --sweep`` times every kernel choice per shape
 (bf16, the models asked for); the fastest choice per shape that is at least ``--margin`` faster
 than cuBLAS and (Triton) repeats its bits goes into a route table; then ``bench/rl_gpu.py --parts
 rollout --rollout-dtype bfloat16 --engines now`` runs per model with cuBLAS throughout (the
-baseline), the table, and the table plus the SwiGLU kernel (``--variants``), ``--repeat`` times
+baseline) and with the table (``--variants``), ``--repeat`` times
 interleaved. The table prints each variant's fastest decode ms/step and every run's, the ratio to
 cuBLAS in the same run, and the largest engine − trainer
 log-prob difference of the bf16 tokens (the kernels' own change shows as a change of it).
@@ -35,9 +32,8 @@ from pathlib import Path
 from common import commit, log, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
-# --variants key: (label, use the route table, SwiGLU in the down projection)
-VARIANTS = {"cublas": ("cuBLAS", False, False), "routes": ("routes", True, False),
-            "glu": ("routes + SwiGLU in down", True, True)}
+# --variants key: (label, use the route table)
+VARIANTS = {"cublas": ("cuBLAS", False), "routes": ("routes", True)}
 
 
 def pick_routes(skinny: dict, margin: float) -> list[dict]:
@@ -65,9 +61,9 @@ def main() -> None:
     p.add_argument("--sweep-deadline", type=float, default=60.0)
     p.add_argument("--timeout", type=float, default=150.0, help="seconds per rollout process")
     p.add_argument("--routes", help="a route table measured before (skips the sweep)")
-    p.add_argument("--variants", default="cublas,routes,glu", help="any of cublas, routes, glu")
+    p.add_argument("--variants", default="cublas,routes", help="any of cublas, routes")
     p.add_argument("--repeat", type=int, default=1,
-                   help="runs per variant, interleaved (c r g c r g ...): the table shows the fastest and the spread")
+                   help="runs per variant, interleaved (c r c r ...): the table shows the fastest and the spread")
     args = p.parse_args()
     unknown = set(args.variants.split(",")) - set(VARIANTS)
     if unknown:
@@ -90,10 +86,9 @@ def main() -> None:
     res: dict = {"bench": "decode_routes", "command": ["python", "bench/decode_routes.py", *sys.argv[1:]],
                  "commit": commit(), "routes": routes, "rows": []}
     for model in models:
-        for run, (label, use_routes, glu) in ((i, v) for i in range(args.repeat) for v in variants):
+        for run, (label, use_routes) in ((i, v) for i in range(args.repeat) for v in variants):
             out = work / f"{model}-{len(res['rows'])}.json"
-            venv = dict(env, HOBSON_GEMM16_ROUTES=str(table) if use_routes else "none",
-                        HOBSON_GLU_DOWN="1" if glu else "0")
+            venv = dict(env, HOBSON_GEMM16_ROUTES=str(table) if use_routes else "none")
             try:
                 subprocess.run([sys.executable, str(ROOT / "bench" / "rl_gpu.py"), "--kind", model,
                                 "--parts", "rollout", "--rollout-dtype", "bfloat16", "--engines", "now",
@@ -112,7 +107,7 @@ def main() -> None:
             if args.json:
                 write_json(args.json, res)
     gpu = (res.get("machine") or {}).get("gpu")
-    print(f"\n### Decode, bf16, batch 16, {gpu}: 16-bit GEMM routes and SwiGLU in the down projection"
+    print(f"\n### Decode, bf16, batch 16, {gpu}: 16-bit GEMM routes"
           f" ({args.repeat} interleaved run(s) each)\n")
     print("| model | variant | decode ms/step, fastest run | all runs | cuBLAS / this (fastest) | "
           "max abs. log-prob gap to the eager trainer (bf16) |")

@@ -85,25 +85,6 @@ def test_a_16_bit_route_is_right_repeats_its_bits_and_runs_only_in_the_engine(
         skinny._routes.cache_clear()
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize(("m", "n", "k"), [(16, 3072, 10752), (3, 200, 96)])
-def test_the_down_projection_with_swiglu_in_its_loads(dtype: torch.dtype, m: int, n: int, k: int,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    g = torch.Generator(device="cuda").manual_seed(n + k)
-    gate_up = torch.randn(m, 1, 2 * k, device="cuda", dtype=dtype, generator=g)
-    w = torch.randn(n, k, device="cuda", dtype=dtype, generator=g) * k ** -0.5
-    gate, up = gate_up.float().chunk(2, dim=-1)
-    x = (torch.nn.functional.silu(gate) * up).to(dtype)  # what silu_mul's fused kernel returns
-    ref = x.double() @ w.double().T
-    y = skinny.linear(gate_up, w, glu=True)
-    assert y.shape == (m, 1, n) and y.dtype == dtype
-    assert float((y.double() - ref).norm() / ref.norm()) < BOUND[dtype]
-    assert torch.equal(y, skinny.linear(gate_up, w, glu=True))
-    assert not skinny.glu_usable(gate_up, w)  # off unless asked for
-    monkeypatch.setenv("HOBSON_GLU_DOWN", "1")
-    assert skinny.glu_usable(gate_up, w) and not skinny.glu_usable(torch.cat([gate_up] * 6), w)
-
-
 def test_the_route_table_of_this_card_and_no_other_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HOBSON_GEMM16_ROUTES", raising=False)
     x = torch.randn(16, 1, 6144, device="cuda", dtype=torch.bfloat16)

@@ -142,16 +142,6 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
     return nn.functional.linear(x, weight)
 
 
-def fused_glu(gate_up: Tensor, weight: Tensor) -> bool:
-    """Whether a SwiGLU MLP's down projection should take ``[gate | up]`` whole and do the SwiGLU in
-    its decode kernel (:func:`hobson.models.skinny.glu_usable`): inside :class:`fused_kernels` only."""
-    if not (_FUSED["on"] and gate_up.is_cuda):
-        return False
-    from hobson.models import skinny
-
-    return skinny.glu_usable(gate_up, weight)
-
-
 @fused
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     xf = x.float()

@@ -46,7 +46,6 @@ from hobson.models.common import (
     checkpointed,
     finish_step,
     fused,
-    fused_glu,
     generator_normal_,
     prepare_attention,
     rms_norm,
@@ -425,12 +424,7 @@ class GatedMLP(nn.Module):
         self.proj = Linear(cfg.intermediate_size, cfg.n_embd, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        gate_up = self.fc(x)
-        if self.proj.bias is None and fused_glu(gate_up, self.proj.weight):  # decode: SwiGLU in the proj GEMM
-            from hobson.models import skinny
-
-            return skinny.linear(gate_up, self.proj.weight, glu=True)
-        gate, up = gate_up.chunk(2, dim=-1)
+        gate, up = self.fc(x).chunk(2, dim=-1)
         return self.proj(silu_mul(gate, up))
 
 

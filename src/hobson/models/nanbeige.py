@@ -33,7 +33,6 @@ from hobson.models.common import (
     decode_streams,
     finish_step,
     fused,
-    fused_glu,
     generator_normal_,
     linear,
     prepare_attention,
@@ -244,12 +243,7 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.gate_up_weight is not None:
-            gate_up = linear(x, self.gate_up_weight)
-            if fused_glu(gate_up, self.down_proj.weight):  # the engine's decode step: SwiGLU in the down GEMM
-                from hobson.models import skinny
-
-                return skinny.linear(gate_up, self.down_proj.weight, glu=True)
-            gate, up = gate_up.chunk(2, dim=-1)
+            gate, up = linear(x, self.gate_up_weight).chunk(2, dim=-1)
             return self.down_proj(silu_mul(gate, up))
         return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
 

@@ -186,16 +186,6 @@ def routed(x: Tensor, weight: Tensor, r: str) -> Tensor:
             torch.backends.cuda.preferred_blas_library(prev)
 
 
-def glu_usable(gate_up: Tensor, weight: Tensor) -> bool:
-    """Whether the down projection takes ``[gate | up]`` and does the SwiGLU in its loads: on only
-    with ``HOBSON_GLU_DOWN=1`` (under measurement), CUDA, triton, ≤ 16 rows, matching dtypes."""
-    if os.environ.get("HOBSON_GLU_DOWN", "0") != "1" or not (gate_up.is_cuda and enabled() and _triton_ok()):
-        return False
-    return (weight.dim() == 2 and gate_up.shape[-1] == 2 * weight.shape[1] and gate_up.dtype == weight.dtype
-            and gate_up.dtype in _DTYPES and weight.stride(1) == 1 and gate_up.stride(-1) == 1
-            and 0 < gate_up.numel() // gate_up.shape[-1] <= MAX_ROWS)
-
-
 def plan(n: int, k: int, dtype: torch.dtype, sms: int) -> Plan | None:
     """The launch for an ``N × K`` weight, or None where cuBLAS is kept (16-bit: measured as fast)."""
     if dtype != torch.float32:
@@ -235,7 +225,7 @@ def _kernels():  # noqa: ANN202 - triton objects; built on first use, so importi
     @triton.jit
     def gemm(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, stride_ys,
              K_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-             EVEN: tl.constexpr, PRECISION: tl.constexpr, GLU: tl.constexpr):
+             EVEN: tl.constexpr, PRECISION: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -248,17 +238,11 @@ def _kernels():  # noqa: ANN202 - triton objects; built on first use, so importi
         for k in range(0, K_SPLIT, BLOCK_K):
             if EVEN:  # every tile full: no mask on the weight, the stream the kernel exists for
                 w = tl.load(w_ptrs)
-                xm = rm[None, :] < M
+                x = tl.load(x_ptrs, mask=rm[None, :] < M, other=0.0)
             else:
                 kk = k_lo + k + rk
                 w = tl.load(w_ptrs, mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0)
-                xm = (rm[None, :] < M) & (kk[:, None] < K)
-            if GLU:  # x is [gate | up] (2K wide): the input is silu(gate) * up, rounded once, as fused
-                g = tl.load(x_ptrs, mask=xm, other=0.0).to(tl.float32)
-                u = tl.load(x_ptrs + K, mask=xm, other=0.0).to(tl.float32)
-                x = (g / (1.0 + tl.exp(-g)) * u).to(w.dtype)
-            else:
-                x = tl.load(x_ptrs, mask=xm, other=0.0)
+                x = tl.load(x_ptrs, mask=(rm[None, :] < M) & (kk[:, None] < K), other=0.0)
             acc += tl.dot(w, x, input_precision=PRECISION)
             w_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
@@ -277,23 +261,21 @@ def _kernels():  # noqa: ANN202 - triton objects; built on first use, so importi
     return gemm, sum_splits
 
 
-def linear(x: Tensor, weight: Tensor, p: Plan | None = None, glu: bool = False) -> Tensor:
+def linear(x: Tensor, weight: Tensor, p: Plan | None = None) -> Tensor:
     """``x @ weight.T`` (``F.linear`` without bias) for ``x`` ``(..., K)`` of at most 16 rows.
 
     fp32 accumulation, rounded once to the input dtype, as cuBLAS does; fp32 inputs are multiplied
     as ``p.precision`` says (3xTF32 by default: fp32 accuracy), never as plain TF32. ``p``
     overrides :func:`plan` (the bench's sweep, and 16-bit inputs, which :func:`plan` leaves to cuBLAS).
-    ``glu``: ``x`` is ``[gate | up]`` (``(..., 2K)``) and the product is ``silu(gate) * up`` times
-    ``weight.T``, the SwiGLU computed as the kernel loads its input (no kernel of its own).
     """
     gemm, sum_splits = _kernels()
     n, k = weight.shape
-    x2 = x.reshape(-1, 2 * k if glu else k)
+    x2 = x.reshape(-1, k)
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
     if p is None:
-        p = plan(n, k, x.dtype, _sm_count(x.device)) or (tile_plan(n, k, x.dtype, _sm_count(x.device)) if glu else None)
+        p = plan(n, k, x.dtype, _sm_count(x.device))
         assert p is not None, "usable() said no plan"
     k_split = _cdiv(_cdiv(k, p.split), p.block_k) * p.block_k  # K per program, whole tiles
     split = _cdiv(k, k_split)
@@ -304,7 +286,7 @@ def linear(x: Tensor, weight: Tensor, p: Plan | None = None, glu: bool = False) 
     grid = (_cdiv(n, p.block_n), split)
     gemm[grid](x2, weight, out, m, n, k, x2.stride(0), weight.stride(0), n, m * n,
                K_SPLIT=k_split, BLOCK_M=MAX_ROWS, BLOCK_N=p.block_n, BLOCK_K=p.block_k, EVEN=even, PRECISION=precision,
-               GLU=glu, num_warps=p.warps, num_stages=p.stages)
+               num_warps=p.warps, num_stages=p.stages)
     if split > 1:
         block = 1024
         sum_splits[(_cdiv(m * n, block),)](out, y, m * n, SPLIT=split, BLOCK=block, num_warps=4)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -62,6 +63,9 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=150.0, help="seconds per rollout process")
     p.add_argument("--routes", help="a route table measured before (skips the sweep)")
     p.add_argument("--variants", default="cublas,routes", help="any of cublas, routes")
+    p.add_argument("--rollout-args", default="",
+                   help="more arguments for each bench/rl_gpu.py run (e.g. '--size tiny --device cpu "
+                        "--engine-device cpu --batch 2': the CPU test of this bench's plumbing)")
     p.add_argument("--repeat", type=int, default=1,
                    help="runs per variant, interleaved (c r c r ...): the table shows the fastest and the spread")
     args = p.parse_args()
@@ -92,7 +96,7 @@ def main() -> None:
             try:
                 subprocess.run([sys.executable, str(ROOT / "bench" / "rl_gpu.py"), "--kind", model,
                                 "--parts", "rollout", "--rollout-dtype", "bfloat16", "--engines", "now",
-                                "--json", str(out)],
+                                "--native-only", "--json", str(out), *shlex.split(args.rollout_args)],
                                env=venv, check=True, timeout=args.timeout)
                 r = json.loads(out.read_text())
             except (subprocess.SubprocessError, OSError, ValueError) as e:  # a variant that fails is reported
@@ -107,7 +111,7 @@ def main() -> None:
             if args.json:
                 write_json(args.json, res)
     gpu = (res.get("machine") or {}).get("gpu")
-    print(f"\n### Decode, bf16, batch 16, {gpu}: 16-bit GEMM routes"
+    print(f"\n### Decode, bf16, {gpu}: 16-bit GEMM routes"
           f" ({args.repeat} interleaved run(s) each)\n")
     print("| model | variant | decode ms/step, fastest run | all runs | cuBLAS / this (fastest) | "
           "max abs. log-prob gap to the eager trainer (bf16) |")

@@ -101,3 +101,26 @@ def test_the_shipped_route_table_is_per_card(monkeypatch: pytest.MonkeyPatch) ->
         assert skinny._routes("NVIDIA H100 80GB HBM3") == {}
     finally:
         skinny._routes.cache_clear()
+
+
+def test_the_bench_runs_each_variant_interleaved_and_writes_its_table(tmp_path: Path) -> None:
+    """The plumbing, on CPU at tiny size: a given table, two variants twice, one JSON row per run and
+    one summary line per variant (on a GPU the same runs time the routes; here no product is routed)."""
+    import subprocess
+    import sys
+
+    table = tmp_path / "routes.json"
+    table.write_text('[{"n": 3072, "k": 6144, "dtype": "bfloat16", "route": "cublaslt"}]')
+    out = tmp_path / "decode_routes.json"
+    r = subprocess.run([sys.executable, "bench/decode_routes.py", "--models", "nanbeige", "--routes", str(table),
+                        "--repeat", "2", "--timeout", "300", "--json", str(out), "--rollout-args",
+                        f"--size tiny --device cpu --engine-device cpu --batch 2 --prompt-tokens 8 --new-tokens 4 "
+                        f"--work {tmp_path / 'work'}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert [(row["variant"], row["run"]) for row in res["rows"]] == [("cuBLAS", 0), ("routes", 0), ("cuBLAS", 1),
+                                                                     ("routes", 1)]
+    assert res["routes"] == json.loads(table.read_text())
+    assert {t["variant"]: len(t["runs"]) for t in res["table"]} == {"cuBLAS": 2, "routes": 2}
+    assert "| nanbeige | routes |" in r.stdout

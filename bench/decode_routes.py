@@ -32,6 +32,9 @@ from pathlib import Path
 
 from common import commit, log, write_json
 
+from hobson.errors import ConfigError
+from hobson.models import skinny
+
 ROOT = Path(__file__).resolve().parent.parent
 # --variants key: (label, use the route table)
 VARIANTS = {"cublas": ("cuBLAS", False), "routes": ("routes", True)}
@@ -78,6 +81,10 @@ def main() -> None:
     env = dict(os.environ)  # hobson is installed (pip install -e .) or on the caller's PYTHONPATH
     skinny_models = ",".join("huginn" if m == "huginn_raven" else m for m in models)
     if args.routes:
+        try:  # the models' own check: a bad table is one error naming the file and entry, before any run
+            skinny.read_routes(args.routes)
+        except ConfigError as e:
+            p.error(f"--routes: {e}")
         routes = json.loads(Path(args.routes).read_text())
     else:
         subprocess.run([sys.executable, str(ROOT / "bench" / "skinny_gemm.py"), "--models", skinny_models,

@@ -124,3 +124,15 @@ def test_the_bench_runs_each_variant_interleaved_and_writes_its_table(tmp_path: 
     assert res["routes"] == json.loads(table.read_text())
     assert {t["variant"]: len(t["runs"]) for t in res["table"]} == {"cuBLAS": 2, "routes": 2}
     assert "| nanbeige | routes |" in r.stdout
+
+
+def test_a_bad_table_given_to_the_bench_is_one_error_before_any_run(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    table = tmp_path / "routes.json"
+    table.write_text('[{"n": 3072, "k": 6144, "dtype": "bfloat16", "route": "cublas sideways"}]')
+    r = subprocess.run([sys.executable, "bench/decode_routes.py", "--routes", str(table)], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"--routes: {table}:" in r.stderr and "entry 0" in r.stderr and "rl_gpu" not in r.stdout

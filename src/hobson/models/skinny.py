@@ -111,24 +111,28 @@ def _card(device: torch.device) -> str:
 
 @functools.cache
 def _routes(card: str) -> dict[tuple[int, int, str], str]:
-    """The route table of ``card``: ROUTES_16BIT's, or the file HOBSON_GEMM16_ROUTES names, checked
-    entry by entry when first read (a bad table is one error naming the file and entry, not a failure
-    mid-decode)."""
+    """The route table of ``card``: ROUTES_16BIT's, or the file HOBSON_GEMM16_ROUTES names (``none``:
+    an empty table), read when first needed."""
     path = os.environ.get("HOBSON_GEMM16_ROUTES")
     if not path:
         return ROUTES_16BIT.get(card, {})
-    if path == "none":
-        return {}
+    return {} if path == "none" else read_routes(path)
+
+
+def read_routes(path: str) -> dict[tuple[int, int, str], str]:
+    """A route table file, checked entry by entry (a bad table is one error naming the file and each
+    bad entry, not a failure mid-decode)."""
     import json
 
     from hobson.errors import ConfigError
 
+    where = f"HOBSON_GEMM16_ROUTES={path}" if os.environ.get("HOBSON_GEMM16_ROUTES") == path else path
     try:
         entries = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
-        raise ConfigError(f"HOBSON_GEMM16_ROUTES={path}: not a readable JSON file ({e})") from None
+        raise ConfigError(f"{where}: not a readable JSON file ({e})") from None
     if not isinstance(entries, list):
-        raise ConfigError(f"HOBSON_GEMM16_ROUTES={path}: expected a JSON list of {{n, k, dtype, route}}")
+        raise ConfigError(f"{where}: expected a JSON list of {{n, k, dtype, route}}")
     table, problems = {}, []
     for i, r in enumerate(entries):
         ok = (isinstance(r, dict) and isinstance(r.get("n"), int) and isinstance(r.get("k"), int)
@@ -140,7 +144,7 @@ def _routes(card: str) -> dict[tuple[int, int, str], str]:
             continue
         table[(r["n"], r["k"], r["dtype"])] = r["route"]
     if problems:
-        raise ConfigError(f"HOBSON_GEMM16_ROUTES={path}:\n" + "\n".join(problems))
+        raise ConfigError(f"{where}:\n" + "\n".join(problems))
     return table
 
 

@@ -359,3 +359,52 @@ def test_each_blocks_last_norm_computing_the_next_first_gives_the_same_bits(monk
     assert len(chained) == len(separate) == 6
     for a, b in zip(chained, separate, strict=True):
         assert torch.equal(a, b)
+
+
+def _concatenated_adapter(monkeypatch):
+    """The model as the reference writes it: ``adapter(cat([s, e]))`` in every recurrence step."""
+    from hobson.models.huginn import HuginnRaven
+
+    monkeypatch.setattr(HuginnRaven, "injected", lambda self, e: e)
+
+    def core_step(self, state, e, freqs, mask, cache, step):
+        x = self.transformer.adapter(torch.cat([state, e], dim=-1))
+        blocks = self.transformer.core_block
+        return self._chain(blocks, x, freqs, mask, cache, [("core", step, j) for j in range(len(blocks))])
+
+    monkeypatch.setattr(HuginnRaven, "_core_step", core_step)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_adapter_split_across_the_recurrence_is_the_concatenated_adapter(monkeypatch, dtype):
+    """``W_s·s + (W_e·e + b)``, with ``W_e·e + b`` once per forward, is ``adapter(cat([s, e]))``:
+    the same logits, gradients (prelude, adapter halves, core) and cached decode steps, to float64's
+    rounding in float64 and float32's in float32. With a bias, too (the official config has none)."""
+    cfg = tiny_config("huginn_raven", bias=True)
+    m = get_provider(cfg).build_actor(cfg, seed=3).to(dtype)
+    with torch.no_grad():
+        m.transformer.adapter.bias.normal_(0, 0.02, generator=torch.Generator().manual_seed(1))
+    ids = _ids(2, 7, seed=5)
+
+    def run():
+        m.zero_grad(set_to_none=True)
+        out = m(ids, num_steps_no_grad=2, num_steps_with_grad=2, seed=[3, 4])
+        out.logsumexp(-1).mean().backward()
+        grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+        cache = m.new_cache()
+        with torch.no_grad():
+            m.prefill(ids[:, :5], cache, num_steps_no_grad=3, seed=[3, 4])
+            steps = [m.decode_step(ids[:, t], cache, num_steps_no_grad=3, seed=[3, 4]) for t in (5, 6)]
+        return out.detach(), grads, torch.stack(steps)
+
+    split = run()
+    with monkeypatch.context() as mp:
+        _concatenated_adapter(mp)
+        ref = run()
+    tol = {"rtol": 1e-10, "atol": 1e-12} if dtype == torch.float64 else {"rtol": 2e-5, "atol": 2e-6}
+    torch.testing.assert_close(split[0], ref[0], **tol)
+    torch.testing.assert_close(split[2], ref[2], **tol)
+    assert split[1].keys() == ref[1].keys() and "transformer.adapter.weight" in split[1]
+    assert "transformer.adapter.bias" in split[1] and "transformer.prelude.0.attn.Wqkv.weight" in split[1]
+    for name in ref[1]:
+        torch.testing.assert_close(split[1][name], ref[1][name], **tol, msg=name)

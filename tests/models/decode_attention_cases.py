@@ -7,21 +7,18 @@ import torch
 
 from hobson.models import decode_attention
 from hobson.models.common import StaticKVCache, attend
-from hobson.models.huginn import bias_rope_qk, rope_table
 from hobson.models.nanbeige import apply_rope, rope_cos_sin
 
 
 def reference_and_kernel(B: int, H: int, hkv: int, D: int, cap: int, pos: int, dtype: torch.dtype, device: str,
-                         seed: int = 0, rope: bool | str = False, plan: decode_attention.Plan | None = None,
-                         qk_bias: bool = False) -> tuple[tuple, tuple]:
+                         seed: int = 0, rope: bool = False, plan: decode_attention.Plan | None = None
+                         ) -> tuple[tuple, tuple]:
     """One decode step at write position ``pos`` through both paths, on identical caches that hold
     random keys before ``pos`` and garbage (stale values of an earlier prompt) after it.
 
     ``rope``: the reference rotates ``q`` and ``k`` with Nanbeige's :func:`apply_rope` (eager) at
-    position ``pos`` before the cache update; the kernel rotates them itself. ``rope="interleaved"``:
-    Huginn's eager :func:`bias_rope_qk` instead (its fp32 ``freqs_cis`` row, pairs ``(2i, 2i+1)``),
-    with a random ``qk_bias`` if ``qk_bias``. ``plan``: the kernel's launch (default
-    :func:`decode_attention.plan`)."""
+    position ``pos`` before the cache update; the kernel rotates them itself. ``plan``: the kernel's
+    launch (default :func:`decode_attention.plan`)."""
     g = torch.Generator().manual_seed(seed)
 
     def rnd(*shape: int) -> torch.Tensor:
@@ -33,8 +30,6 @@ def reference_and_kernel(B: int, H: int, hkv: int, D: int, cap: int, pos: int, d
     key_mask[0, :pos] = True
     key_mask = key_mask.to(device)
     cos, sin = rope_cos_sin(torch.full((B, 1), pos, device=device), D, 70_000_000.0 if D > 64 else 10_000.0)
-    freqs = rope_table(D, cap, 50_000.0)[0][torch.full((B, 1), pos)].to(device)  # (B, 1, 1, D/2, 2), as Huginn's
-    bias = rnd(2, 1, H, D) if qk_bias else None
     outs = []
     for fused in (False, True):
         cache = StaticKVCache(B, cap, device)
@@ -45,19 +40,10 @@ def reference_and_kernel(B: int, H: int, hkv: int, D: int, cap: int, pos: int, d
         cache.prepare(torch.ones(B, 1, dtype=torch.long), B, 1, None)
         if fused:
             kb, vb = cache.streams["s"]
-            if rope == "interleaved":
-                y = decode_attention.attend(q, k, v, kb, vb, cache.key_mask, cache._new, p=plan, interleaved=True,
-                                            rope=(freqs[:, 0, 0, :, 0], freqs[:, 0, 0, :, 1]),
-                                            bias=None if bias is None else (bias[0, 0], bias[1, 0]))
-            else:
-                y = decode_attention.attend(q, k, v, kb, vb, cache.key_mask, cache._new,
-                                            rope=(cos, sin) if rope else None, p=plan)
+            y = decode_attention.attend(q, k, v, kb, vb, cache.key_mask, cache._new,
+                                        rope=(cos, sin) if rope else None, p=plan)
         else:
-            if rope == "interleaved":  # Huginn's (B, T, H, D) layout in and out
-                qr, kr = bias_rope_qk.__wrapped__(q.transpose(1, 2), k.transpose(1, 2), bias, freqs, dtype)
-                qr, kr = qr.transpose(1, 2), kr.transpose(1, 2)
-            else:
-                qr, kr = (apply_rope(q, cos, sin), apply_rope(k, cos, sin)) if rope else (q, k)
+            qr, kr = (apply_rope(q, cos, sin), apply_rope(k, cos, sin)) if rope else (q, k)
             kb, vb = cache.update("s", kr, v)
             y = attend(qr, kb, vb, cache.mask())
         outs.append((y, *cache.streams["s"]))

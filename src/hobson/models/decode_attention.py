@@ -20,11 +20,8 @@ sums, and the weights cast to the value dtype before the second product, as flas
 No atomics and no split of the sequence over programs: every program sums in a fixed order, so a
 step gives the same bits on every run (graph ≡ eager, and a resumed RL run, depend on it).
 
-Only the rollout engine calls it (inside ``fused_kernels()`` on CUDA, one query token:
-:func:`hobson.models.common.decode_streams`); training, prefill and CPU attend as before. The
-models' own decode steps also hand it their position encoding, so that kernel goes too: Nanbeige's
-rotate-half RoPE, Huginn's ``qk_bias`` and interleaved RoPE (132 of Huginn's compiled
-``bias_rope_qk`` kernels a step, 3.5 µs each on an H200).
+Only the rollout engine calls it (:func:`hobson.models.common.cache_attend`, inside
+``fused_kernels()`` on CUDA, one query token); training, prefill and CPU attend as before.
 ``HOBSON_DECODE_ATTENTION=0`` turns it off. Needs triton (and a CUDA device, or
 ``TRITON_INTERPRET=1`` for the CPU test).
 """
@@ -85,12 +82,11 @@ def _kernel():  # noqa: ANN202 - a triton JIT function
 
     @triton.jit
     def decode_attention(
-        Q, KN, VN, KC, VC, MASK, POS, OUT, COS, SIN, BQ, BK,
+        Q, KN, VN, KC, VC, MASK, POS, OUT, COS, SIN,
         sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, skc_b, skc_h, skc_s, svc_b, svc_h, svc_s, sm_b, so_b, so_h, sc_b, ss_b,
-        sc_e, sbq_h, sbk_h,
         scale,
         G: tl.constexpr, GP: tl.constexpr, DH: tl.constexpr, DHP: tl.constexpr, BLOCK: tl.constexpr,
-        ROPE: tl.constexpr, BIAS: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
+        ROPE: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
     ):
         # the head dimension is handled as its two halves throughout: rotate-half RoPE pairs
         # element i with i + D/2, and the halves' products simply add up
@@ -110,45 +106,11 @@ def _kernel():  # noqa: ANN202 - a triton JIT function
         k2 = tl.load(KN + b * sk_b + h * sk_h + DH + d, mask=dm, other=0.0)
         v1 = tl.load(VN + b * sv_b + h * sv_h + d, mask=dm, other=0.0)
         v2 = tl.load(VN + b * sv_b + h * sv_h + DH + d, mask=dm, other=0.0)
-        if ROPE == 2:  # interleaved pairs (2i, 2i+1), within each half as DH is even: each element's partner
-            dp = d ^ 1
-            q1p = tl.load(q_at - d[None, :] + dp[None, :], mask=qm, other=0.0)
-            q2p = tl.load(q_at - d[None, :] + DH + dp[None, :], mask=qm, other=0.0)
-            k1p = tl.load(KN + b * sk_b + h * sk_h + dp, mask=dm, other=0.0)
-            k2p = tl.load(KN + b * sk_b + h * sk_h + DH + dp, mask=dm, other=0.0)
-        if BIAS:  # Huginn's qk_bias, added in fp32 and rounded to the input's dtype (a 16-bit tensor add)
-            bq_at = BQ + rows[:, None] * sbq_h + d[None, :]
-            bk_at = BK + h * sbk_h + d
-            q1 = (q1.to(tl.float32) + tl.load(bq_at, mask=qm, other=0.0).to(tl.float32)).to(q1.dtype)
-            q2 = (q2.to(tl.float32) + tl.load(bq_at + DH, mask=qm, other=0.0).to(tl.float32)).to(q2.dtype)
-            k1 = (k1.to(tl.float32) + tl.load(bk_at, mask=dm, other=0.0).to(tl.float32)).to(k1.dtype)
-            k2 = (k2.to(tl.float32) + tl.load(bk_at + DH, mask=dm, other=0.0).to(tl.float32)).to(k2.dtype)
-            if ROPE == 2:
-                bq_p = BQ + rows[:, None] * sbq_h + dp[None, :]
-                bk_p = BK + h * sbk_h + dp
-                q1p = (q1p.to(tl.float32) + tl.load(bq_p, mask=qm, other=0.0).to(tl.float32)).to(q1.dtype)
-                q2p = (q2p.to(tl.float32) + tl.load(bq_p + DH, mask=qm, other=0.0).to(tl.float32)).to(q2.dtype)
-                k1p = (k1p.to(tl.float32) + tl.load(bk_p, mask=dm, other=0.0).to(tl.float32)).to(k1.dtype)
-                k2p = (k2p.to(tl.float32) + tl.load(bk_p + DH, mask=dm, other=0.0).to(tl.float32)).to(k2.dtype)
-        if ROPE == 2:  # Huginn's apply_rope: x[2i] cos_i - x[2i+1] sin_i, x[2i+1] cos_i + x[2i] sin_i, fp32 table
-            i1 = d // 2
-            i2 = (DH + d) // 2
-            c1 = tl.load(COS + b * sc_b + i1 * sc_e, mask=dm, other=0.0)
-            c2 = tl.load(COS + b * sc_b + i2 * sc_e, mask=dm, other=0.0)
-            s1 = tl.load(SIN + b * ss_b + i1 * sc_e, mask=dm, other=0.0)
-            s2 = tl.load(SIN + b * ss_b + i2 * sc_e, mask=dm, other=0.0)
-            sgn = tl.where(d % 2 == 0, -1.0, 1.0)  # the partner's sign: minus for the even element
-            s1 = s1 * sgn
-            s2 = s2 * sgn
-            q1 = (q1.to(tl.float32) * c1[None, :] + q1p.to(tl.float32) * s1[None, :]).to(q2.dtype)
-            q2 = (q2.to(tl.float32) * c2[None, :] + q2p.to(tl.float32) * s2[None, :]).to(q2.dtype)
-            k1 = (k1.to(tl.float32) * c1 + k1p.to(tl.float32) * s1).to(k2.dtype)
-            k2 = (k2.to(tl.float32) * c2 + k2p.to(tl.float32) * s2).to(k2.dtype)
-        if ROPE == 1:  # rotate-half: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), cos/sin cast to x's dtype first
-            c1 = tl.load(COS + b * sc_b + d * sc_e, mask=dm, other=0.0).to(q1.dtype).to(tl.float32)
-            c2 = tl.load(COS + b * sc_b + (DH + d) * sc_e, mask=dm, other=0.0).to(q1.dtype).to(tl.float32)
-            s1 = tl.load(SIN + b * ss_b + d * sc_e, mask=dm, other=0.0).to(q1.dtype).to(tl.float32)
-            s2 = tl.load(SIN + b * ss_b + (DH + d) * sc_e, mask=dm, other=0.0).to(q1.dtype).to(tl.float32)
+        if ROPE:  # rotate-half: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), cos/sin cast to x's dtype first
+            c1 = tl.load(COS + b * sc_b + d, mask=dm, other=0.0).to(q1.dtype).to(tl.float32)
+            c2 = tl.load(COS + b * sc_b + DH + d, mask=dm, other=0.0).to(q1.dtype).to(tl.float32)
+            s1 = tl.load(SIN + b * ss_b + d, mask=dm, other=0.0).to(q1.dtype).to(tl.float32)
+            s2 = tl.load(SIN + b * ss_b + DH + d, mask=dm, other=0.0).to(q1.dtype).to(tl.float32)
             a1, a2 = q1.to(tl.float32), q2.to(tl.float32)
             q1 = (a1 * c1[None, :] - a2 * s1[None, :]).to(q2.dtype)
             q2 = (a2 * c2[None, :] + a1 * s2[None, :]).to(q2.dtype)
@@ -220,20 +182,15 @@ def usable(q: Tensor, kcache: Tensor) -> bool:
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, kcache: Tensor, vcache: Tensor, key_mask: Tensor, pos: Tensor,
-           rope: tuple[Tensor, Tensor] | None = None, p: Plan | None = None, *, interleaved: bool = False,
-           bias: tuple[Tensor, Tensor] | None = None) -> Tensor:
+           rope: tuple[Tensor, Tensor] | None = None, p: Plan | None = None) -> Tensor:
     """Write ``k``, ``v`` ``(B, Hkv, 1, D)`` at cache slot ``pos`` (a one-element device tensor) of
     ``kcache``/``vcache`` ``(B, Hkv, capacity, D)`` and attend ``q`` ``(B, H, 1, D)`` over the slots
     before it that ``key_mask`` ``(B, capacity)`` allows, and itself. Returns ``(B, H, 1, D)`` (a
     view of a ``(B, 1, H, D)`` tensor, so the caller's transpose back is free).
 
-    ``rope``: fp32 ``cos, sin``; ``q`` and ``k`` are then rotated inside the kernel, before the key
-    is stored, which saves the separate RoPE kernel of every layer. Rotate-half (as
-    :func:`hobson.models.nanbeige.apply_rope`, cos/sin ``(B, 1, D)`` rounded to ``q``'s dtype
-    first) or, with ``interleaved``, pairs ``(2i, 2i+1)`` (as :func:`hobson.models.huginn.apply_rope`,
-    cos/sin ``(B, D/2)`` used in fp32, any equal stride: views of Huginn's ``freqs_cis`` rows).
-    ``bias``: ``(H, D)`` and ``(Hkv, D)`` added to ``q`` and ``k`` before the rotation, each sum
-    rounded to ``q``'s dtype (Huginn's ``qk_bias``). ``p`` overrides :func:`plan` (the bench's sweep).
+    ``rope``: fp32 ``cos, sin`` ``(B, 1, D)``; ``q`` and ``k`` are then rotated (rotate-half, as
+    :func:`hobson.models.nanbeige.apply_rope`) inside the kernel, before the key is stored, which
+    saves the separate RoPE kernel of every layer. ``p`` overrides :func:`plan` (the bench's sweep).
     """
     B, H, _, D = q.shape
     hkv = kcache.shape[1]
@@ -241,32 +198,25 @@ def attend(q: Tensor, k: Tensor, v: Tensor, kcache: Tensor, vcache: Tensor, key_
     for t in (q, k, v, kcache, vcache):
         if t.stride(-1) != 1:
             raise ValueError("decode attention needs the head dimension contiguous")
-    if interleaved and (rope is None or D % 4):
-        raise ValueError("interleaved RoPE in decode attention needs cos/sin and a head size divisible by 4")
     if p is None:
         p = plan(G, D, q.dtype)
     out = torch.empty(B, 1, H, D, dtype=q.dtype, device=q.device)
     mask = key_mask.view(torch.uint8)
     cos, sin = rope if rope is not None else (q, q)  # unread without RoPE: any tensor will do
-    if cos.stride(-1) != sin.stride(-1):
-        raise ValueError("decode attention needs cos and sin with the same stride")
-    bq, bk = bias if bias is not None else (q, q)  # unread without a bias
-    for t in (bq, bk):
+    for t in (cos, sin):
         if t.stride(-1) != 1:
-            raise ValueError("decode attention needs the bias contiguous in the head dimension")
+            raise ValueError("decode attention needs cos/sin contiguous in the head dimension")
     pow2 = 1 << (D // 2 - 1).bit_length()
     _kernel()[(B, hkv)](
-        q, k, v, kcache, vcache, mask, pos, out, cos, sin, bq, bk,
+        q, k, v, kcache, vcache, mask, pos, out, cos, sin,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         kcache.stride(0), kcache.stride(1), kcache.stride(2), vcache.stride(0), vcache.stride(1), vcache.stride(2),
         mask.stride(0), out.stride(0), out.stride(2), cos.stride(0), sin.stride(0),
-        cos.stride(-1), bq.stride(0), bk.stride(0),
         D ** -0.5,
         # tl.dot needs 16 rows and a reduction of at least 16: groups and half-heads padded to it
         G=G, GP=max(MIN_ROWS, 1 << (G - 1).bit_length()) if p.dot else 1 << (G - 1).bit_length(),
         DH=D // 2, DHP=max(16, pow2) if p.dot else pow2, BLOCK=p.block,
-        ROPE=0 if rope is None else 2 if interleaved else 1, BIAS=bias is not None, DOT=p.dot,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        ROPE=rope is not None, DOT=p.dot, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=p.warps, num_stages=p.stages,
     )
     return out.transpose(1, 2)

@@ -35,7 +35,6 @@ import torch
 from torch import Tensor, nn
 
 from hobson.errors import ConfigError
-from hobson.models import decode_attention
 from hobson.models.common import (
     Embedding,
     KVCache,
@@ -45,7 +44,6 @@ from hobson.models.common import (
     add_rms_norm,
     cache_attend,
     checkpointed,
-    decode_streams,
     finish_step,
     fused,
     generator_normal_,
@@ -413,13 +411,6 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: Tensor, freqs: Tensor, mask: Tensor | None, cache: KVCache | None, slot: Any) -> Tensor:
         B, T, E = x.shape
         q, k, v = self.Wqkv(x).view(B, T, 3, self.n_head, self.head_dim).unbind(2)  # each (B, T, H, D)
-        streams = decode_streams(cache, slot, q.transpose(1, 2))
-        if streams is not None:  # the engine's decode step: bias, RoPE, cache write and attention in one kernel
-            bias = None if self.qk_bias is None else (self.qk_bias[0, 0], self.qk_bias[1, 0])
-            y = decode_attention.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), *streams,
-                                        cache.key_mask, cache._new, rope=(freqs[:, 0, 0, :, 0], freqs[:, 0, 0, :, 1]),
-                                        interleaved=True, bias=bias)
-            return self.proj(y.transpose(1, 2).reshape(B, T, E))
         q, k = bias_rope_qk(q, k, self.qk_bias, freqs, x.dtype)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
         y = cache_attend(cache, slot, q, k, v, mask)

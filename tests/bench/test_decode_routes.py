@@ -103,6 +103,29 @@ def test_the_shipped_route_table_is_per_card(monkeypatch: pytest.MonkeyPatch) ->
         skinny._routes.cache_clear()
 
 
+def test_the_shipped_routes_are_valid_and_name_official_decode_products() -> None:
+    """Every shipped route is a label the engine can run (a swept Triton label parses into a launch)
+    for a 16-bit product of an official model's decode step at these shapes (a typo'd shape would
+    silently never match, a bad label would fail mid-decode)."""
+    import json
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "official-models"
+    nb = json.loads((fixtures / "nanbeige4.2-3b.config.json").read_text())
+    hg = json.loads((fixtures / "huginn-0125.config.json").read_text())
+    E, Im, V, D = nb["hidden_size"], nb["intermediate_size"], nb["vocab_size"], nb["head_dim"]
+    q, kv = nb["num_attention_heads"] * D, nb["num_key_value_heads"] * D
+    products = {(q + 2 * kv, E), (E, q), (2 * Im, E), (E, Im), (V, E)}
+    He, Hi = hg["n_embd"], hg["intermediate_size"]
+    products |= {(3 * He, He), (He, He), (2 * Hi, He), (He, Hi), (He, 2 * He), (hg["padded_vocab_size"], He)}
+    assert skinny.ROUTES_16BIT, "the shipped table is empty"
+    for card, table in skinny.ROUTES_16BIT.items():
+        for (n, k, dtype), label in table.items():
+            assert (n, k) in products, (card, n, k)
+            assert dtype in ("bfloat16", "float16") and skinny._ROUTE.fullmatch(label), (card, label)
+            if label.startswith("triton"):
+                assert skinny.parse_triton(label, n, k, getattr(torch, dtype), 132) is not None
+
+
 def test_the_bench_runs_each_variant_interleaved_and_writes_its_table(tmp_path: Path) -> None:
     """The plumbing, on CPU at tiny size: a given table, two variants twice, one JSON row per run and
     one summary line per variant (on a GPU the same runs time the routes; here no product is routed)."""

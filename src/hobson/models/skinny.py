@@ -95,10 +95,19 @@ def _sm_count(device: torch.device) -> int:
 # or a shape not in its table, stays with cuBLAS: the best kernel for a shape differs from card to
 # card. HOBSON_GEMM16_ROUTES names a JSON list of {"n", "k", "dtype", "route"} that replaces the
 # table on any card (how bench/decode_routes.py tries one); HOBSON_GEMM16_ROUTES=none, cuBLAS for all.
-# Empty: on an H100 (session 30) the routes that won per shape (3-8% each, kernels timed alone) gave
-# a Nanbeige step 1.05x in one machine's run and 0.96x in another's, Huginn 1.01x: no reliable gain
-# in a whole decode step (docs/BENCHMARKS.md; bench/results/gpu-2026-12-07-s30/).
-ROUTES_16BIT: dict[str, dict[tuple[int, int, str], str]] = {}
+# An H200's Nanbeige table (session 31, bench/decode_routes.py --models nanbeige --repeat 3): a bf16
+# decode step 4.92, 4.93, 4.94 ms with these routes against 5.16, 5.18, 5.26 with cuBLAS, runs
+# interleaved in one call (1.05x; docs/BENCHMARKS.md, bench/results/gpu-2026-12-07-s31/). None for an
+# H100: there the per-shape winners (3-8% each, timed alone) gave a Nanbeige step 1.05x on one
+# machine and 0.96x on another, Huginn 1.01x (session 30): no reliable gain in a whole step.
+ROUTES_16BIT: dict[str, dict[tuple[int, int, str], str]] = {
+    "NVIDIA H200": {
+        (3072, 6144, "bfloat16"): "triton",  # Nanbeige o: 13.5 against cuBLAS's 14.3 µs
+        (21504, 3072, "bfloat16"): "triton 64x128 s1 st3",  # gate|up: 33.3 / 35.5
+        (3072, 10752, "bfloat16"): "triton 64x128 s4 st4",  # down: 20.3 / 21.5
+        (166144, 3072, "bfloat16"): "triton",  # lm_head: 234.9 / 245.2
+    },
+}
 
 
 _ROUTE = re.compile(r"(cublas|cublaslt|cublas swapped|cublaslt swapped|triton|triton \d+x\d+ s\d+ st\d+)")

@@ -4,7 +4,8 @@
         [--routes TABLE.json --variants cublas,routes --repeat 3]
 
 A route per 16-bit decode GEMM shape and card (src/hobson/models/skinny.py ``ROUTES_16BIT``,
-filled from this bench's figures; empty: no card has shown a reliable whole-step gain yet;
+filled from this bench's figures: an H200's Nanbeige table since session 31, 1.05x a step; none for
+an H100, where no reliable whole-step gain showed;
 ``HOBSON_GEMM16_ROUTES`` names a table to try, ``none`` for cuBLAS throughout): cuBLASLt, the
 swapped-operand product ``(W @ xᵀ)ᵀ``, or a Triton tile. (SwiGLU inside the down projection's
 loads, a third variant until session 30, was slower on both models on an H100 and was removed.)

@@ -21,7 +21,7 @@ device-to-device copy measured first (bytes read + written) and against the data
 Each choice is checked against a float64 product of the same inputs (relative Frobenius error),
 and the Triton kernel twice on the same inputs for bit-identical output.
 The last table sums the shapes over one decode step of each model (44 layer applications plus
-the LM head for Nanbeige; 4 + 32 × 4 blocks, 32 adapters and the LM head for Huginn).
+the LM head for Nanbeige; 4 + 32 × 4 blocks, 33 adapter halves and the LM head for Huginn).
 """
 
 from __future__ import annotations
@@ -64,7 +64,9 @@ def shapes() -> dict[str, list[tuple[str, int, int, int]]]:
         ("attn.proj", E, E, blocks),
         ("mlp.fc", 2 * inter, E, blocks),
         ("mlp.proj", E, inter, blocks),
-        ("adapter", E, 2 * E, r),
+        # adapter(cat([s, e])) = W_s·s + (W_e·e + b): the state's half in each recurrence step, the
+        # injected half once per forward (HuginnRaven.injected), each an E × E product
+        ("adapter", E, E, r + 1),
         ("lm_head", hg["vocab_size"], E, 1),
     ]
     return {"nanbeige": nan, "huginn": hug}

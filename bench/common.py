@@ -83,6 +83,12 @@ def environment(device: str) -> dict[str, Any]:
     env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
                            "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
                            "host_cpus": os.cpu_count()}
+    try:  # which tree's code ran (bench/ab_trees.py runs another commit's src/ beside this one's)
+        import hobson
+
+        env["hobson_src"] = str(Path(hobson.__file__).resolve().parent.parent)
+    except ImportError:
+        env["hobson_src"] = None
     for name in ("transformers", "peft", "triton", "fla", "tilelang", "vllm"):
         try:
             env[name] = __import__(name).__version__

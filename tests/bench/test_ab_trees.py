@@ -35,7 +35,8 @@ def test_two_trees_alternate_and_each_run_imports_its_own_tree(tmp_path: Path) -
         srcs.setdefault(row["tree"], set()).add(row["hobson_src"])
     assert srcs["new"] == {str((REPO / "src").resolve())}
     (base_src,) = srcs["base"]
-    assert "site-packages" in base_src and Path(base_src, "hobson", "__init__.py").is_file()
+    assert Path(base_src).parts[-4:-2] == ("venv", "lib") and Path(base_src).name == "site-packages"
+    assert not Path(base_src).exists()  # the base tree and its venv are removed at the end
     table = {t["tree"]: t for t in res["table"]}
     assert len(table["base"]["runs"]) == len(table["new"]["runs"]) == 2
     assert table["base"]["speedup"] == 1.0

@@ -113,7 +113,7 @@ def summarize(rows: list[dict]) -> list[dict]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--base", help="the commit to compare against (git archive REV src)")
+    g.add_argument("--base", help="the commit to compare against (git archive REV)")
     g.add_argument("--base-tree", help="that commit's tree (setup.py at its root), extracted before")
     p.add_argument("--kinds", default="huginn_raven", help="any of huginn_raven, nanbeige")
     p.add_argument("--parts", default="rollout", help="any of rollout, fwd-bwd (fwd-bwd: Huginn only)")
@@ -131,13 +131,21 @@ def main() -> None:
         p.error(f"unknown kinds or parts: {bad}")
     if "fwd-bwd" in parts and kinds != ["huginn_raven"]:
         p.error("--parts fwd-bwd is Huginn's: use --kinds huginn_raven")
-    work = Path(tempfile.mkdtemp(prefix="ab-trees-"))
-    if args.base:
-        tree = extract(args.base, work / "base")
-    else:
+    if args.repeat < 1:
+        p.error(f"--repeat {args.repeat}: at least 1")
+    if args.base_tree:
         tree = Path(args.base_tree).resolve()
         if not (tree / "setup.py").is_file() or not (tree / "src" / "hobson" / "__init__.py").is_file():
             p.error(f"--base-tree {args.base_tree}: not a hobson tree (want setup.py and src/hobson at its root)")
+    work = Path(tempfile.mkdtemp(prefix="ab-trees-"))
+    try:  # the base tree, its venv and the runs' files are removed however the bench ends (all is in the JSON)
+        run_all(args, kinds, parts, work, tree if args.base_tree else extract(args.base, work / "base"))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run_all(args: argparse.Namespace, kinds: list[str], parts: list[str], work: Path, tree: Path) -> None:
+    """Install the base, run both trees alternating, print the table and write the JSON."""
     log(f"installing the base ({tree}) into {work / 'venv'}")
     try:
         base_py = install(tree, work / "venv")
@@ -189,7 +197,6 @@ def main() -> None:
         print(f"| {t['kind']} | {t['part']} | {t['tree']} | {t['best']:.2f} {unit} | {runs} | {t['speedup']:.3f}× |")
     if args.json:
         write_json(args.json, res)
-    shutil.rmtree(work, ignore_errors=True)  # the base tree, its venv and the runs' files (all in the JSON)
 
 
 if __name__ == "__main__":

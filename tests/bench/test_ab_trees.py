@@ -1,4 +1,4 @@
-"""bench/ab_trees.py: another commit's src/ against this checkout's, interleaved (the plumbing on CPU
+"""bench/ab_trees.py: another commit's code against this checkout's, interleaved (the plumbing on CPU
 at tiny size; on a GPU the same runs time the two trees)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def test_two_trees_alternate_and_each_run_imports_its_own_tree(tmp_path: Path) -
     tree (recorded by the run itself: the base from the venv, this checkout from its editable
     install), and the table has a line per tree with the speed ratio over the base."""
     if subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True).returncode != 0:
-        pytest.fail("the test needs the checkout's git history (git archive HEAD src)")
+        pytest.fail("the test needs the checkout's git history (git archive HEAD)")
     out = tmp_path / "ab.json"
     r = subprocess.run([sys.executable, "bench/ab_trees.py", "--base", "HEAD", "--kinds", "nanbeige",
                         "--repeat", "2", "--timeout", "300", "--json", str(out),
@@ -49,3 +49,14 @@ def test_a_base_that_is_not_a_hobson_tree_is_one_error(tmp_path: Path) -> None:
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert f"--base-tree {tmp_path}: not a hobson tree" in r.stderr
+
+
+def test_a_commit_that_does_not_exist_is_one_error_and_leaves_no_files(tmp_path: Path) -> None:
+    import os
+
+    env = dict(os.environ, TMPDIR=str(tmp_path))  # where the bench's temporary directory would stay
+    r = subprocess.run([sys.executable, "bench/ab_trees.py", "--base", "no-such-commit-0123"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "--base no-such-commit-0123: git archive failed" in r.stderr and "--base-tree" in r.stderr
+    assert list(tmp_path.iterdir()) == []

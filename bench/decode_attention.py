@@ -11,7 +11,8 @@ filled up to ``S - 1`` positions (``S`` = 176, the rollout bench's 128 prompt + 
 - ``kernel``: :mod:`hobson.models.decode_attention` with its plan (what the engine runs);
 - ``kernel + rope`` (Nanbeige): the same with RoPE inside the kernel, against
   ``rope_qk`` compiled + the kernel (``rope_qk + kernel``): what fusing RoPE saves;
-- with ``--sweep``, other blocks of cache positions, warps, pipeline stages, and ``tl.dot``
+- with ``--sweep``, the cache split over several programs per KV head (``x3``: three, combined
+  by a second kernel), other blocks of cache positions, warps, pipeline stages, and ``tl.dot``
   against elementwise products.
 
 Timing: a CUDA graph of one call per layer over that many distinct caches (as in a decode step,
@@ -64,10 +65,13 @@ def time_us(fn, layers: int) -> float:
 
 
 def sweep_plans(group: int) -> list[decode_attention.Plan]:
-    """Blocks of 32-128 positions at 4 or 8 warps and 2-4 stages with ``tl.dot``; the elementwise
+    """The cache split over 2-8 programs per KV head (first: a deadline cuts the end of the list);
+    blocks of 32-128 positions at 4 or 8 warps and 2-4 stages with ``tl.dot``; the elementwise
     form at small blocks (its (rows × block × half-head) product lives in registers)."""
-    out = [decode_attention.Plan(block, warps, stages, True)
-           for block in (32, 64, 128) for warps in (4, 8) for stages in (2, 3, 4)]
+    out = [decode_attention.Plan(block, warps, stages, True, split)
+           for split in (2, 3, 4, 6, 8) for block in (32, 64) for warps in (4, 8) for stages in (2, 3)]
+    out += [decode_attention.Plan(block, warps, stages, True)
+            for block in (32, 64, 128) for warps in (4, 8) for stages in (2, 3, 4)]
     gp = 1 << (group - 1).bit_length()
     out += [decode_attention.Plan(block, 4, stages, False)
             for block in (16, 32, 64) if gp * block <= 512 for stages in (2, 3)]
@@ -75,7 +79,7 @@ def sweep_plans(group: int) -> list[decode_attention.Plan]:
 
 
 def label(p: decode_attention.Plan) -> str:
-    return f"{'dot' if p.dot else 'ew'} b{p.block} w{p.warps} s{p.stages}"
+    return f"{'dot' if p.dot else 'ew'} b{p.block} w{p.warps} s{p.stages}" + (f" x{p.split}" if p.split > 1 else "")
 
 
 def run_case(model: str, dtype: torch.dtype, S: int, sweep: bool, deadline: float = float("inf")) -> dict:

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
 import torch
 
 from hobson.models import decode_attention
@@ -48,3 +51,11 @@ def reference_and_kernel(B: int, H: int, hkv: int, D: int, cap: int, pos: int, d
             y = attend(qr, kb, vb, cache.mask())
         outs.append((y, *cache.streams["s"]))
     return outs[0], outs[1]
+
+
+def split_attention(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every decode-attention call splits its cache over three programs per KV head (16-position
+    blocks, so a tiny engine's ~36-slot cache really is split), combined by the second kernel."""
+    plan = decode_attention.plan
+    monkeypatch.setattr(decode_attention, "plan",
+                        lambda *a: dataclasses.replace(plan(*a), block=16, split=3))

@@ -10,7 +10,7 @@ import torch
 from hobson.models import decode_attention, get_provider, tiny_config
 from hobson.rollout import publication
 from hobson.rollout.engine import NativeEngine
-from tests.models.decode_attention_cases import reference_and_kernel
+from tests.models.decode_attention_cases import reference_and_kernel, split_attention
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 pytest.importorskip("triton")
@@ -20,14 +20,16 @@ SHAPES = {"nanbeige": (48, 8, 128), "huginn": (55, 55, 96)}
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
 
+@pytest.mark.parametrize("split", [1, 3], ids=["whole", "split3"])
 @pytest.mark.parametrize("dot", [True, False], ids=["dot", "elementwise"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("model", sorted(SHAPES))
 @pytest.mark.parametrize("pos", [0, 31, 175])
-def test_kernel_matches_update_then_attend(model: str, dtype: torch.dtype, pos: int, dot: bool) -> None:
-    """Both product forms (the plan picks one per shape) at the official head shapes."""
+def test_kernel_matches_update_then_attend(model: str, dtype: torch.dtype, pos: int, dot: bool, split: int) -> None:
+    """Both product forms (the plan picks one per shape) at the official head shapes, with the
+    cache whole or split over three programs per KV head."""
     H, hkv, D = SHAPES[model]
-    p = decode_attention.Plan(block=32 if dot else 16, dot=dot)
+    p = decode_attention.Plan(block=32 if dot else 16, dot=dot, split=split)
     (y_ref, k_ref, v_ref), (y, k, v) = reference_and_kernel(16, H, hkv, D, 176, pos, dtype, "cuda", plan=p)
     assert torch.equal(k, k_ref) and torch.equal(v, v_ref)
     err = float((y.float() - y_ref.float()).abs().max() / y_ref.float().abs().max())
@@ -60,13 +62,18 @@ def _engine(root: Path, kind: str) -> NativeEngine:
     return engine
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["whole", "split-attention"])
 @pytest.mark.parametrize("kind", ["nanbeige", "huginn_raven"])
-def test_the_engine_decodes_through_the_kernel(tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_engine_decodes_through_the_kernel(tmp_path: Path, kind: str, split: bool,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Every decode step's attention goes through the kernel (one call per layer and step while
     the first step runs eagerly); the tokens equal those of an engine with the kernel off and the
     log-probs agree to fp32 rounding. The switch is read per process in use, so the kernel-off run
     gets its own engine: one engine switched mid-life would capture its graph around paths its
-    eager first step never compiled (inductor's autotuning syncs, which breaks the capture)."""
+    eager first step never compiled (inductor's autotuning syncs, which breaks the capture).
+    Also with the cache split over programs, combined by the second kernel."""
+    if split:
+        split_attention(monkeypatch)
     engine = _engine(tmp_path / "on", kind)
     prompts, seeds = [[5, 6, 7, 8], [9, 10], [11, 12, 13], [14]], [11, 12, 13, 14]
     calls = [0]

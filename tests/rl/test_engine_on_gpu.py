@@ -20,6 +20,7 @@ from hobson import tensorfile
 from hobson.models import get_provider, tiny_config
 from hobson.rollout import publication
 from hobson.rollout.engine import NativeEngine
+from tests.models.decode_attention_cases import split_attention
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -37,11 +38,16 @@ def _engine(tmp_path: Path, kind: str, keep_decode: bool = True, dtype: torch.dt
     return engine
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["whole", "split-attention"])
 @pytest.mark.parametrize("kind", ["nanbeige", "huginn_raven"])
-def test_graph_replay_samples_as_eager_steps(tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_graph_replay_samples_as_eager_steps(tmp_path: Path, kind: str, split: bool,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Sampling is inside the decode graph: replays draw each row's noise as eager steps do, also
     when a warm engine replays the first decode step instead of running it eagerly, and when a
-    kept graph replays for new seeds and new prompts of the same shape."""
+    kept graph replays for new seeds and new prompts of the same shape; with the attention's
+    cache split over programs too (its partial states live in the graph's memory pool)."""
+    if split:
+        split_attention(monkeypatch)
     engine = _engine(tmp_path, kind, keep_decode=False)
     prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13], [14]]
     seeds = [11, 12, 13, 14]

@@ -17,8 +17,11 @@ reads what it wrote. Online softmax in fp32 (flash-decoding's recurrence), produ
 units: fp32 inputs as plain fp32 FMAs (``ieee``), 16-bit inputs as 16-bit products with fp32
 sums, and the weights cast to the value dtype before the second product, as flash attention does.
 
-No atomics and no split of the sequence over programs: every program sums in a fixed order, so a
-step gives the same bits on every run (graph ≡ eager, and a resumed RL run, depend on it).
+No atomics: every program sums in a fixed order, so a step gives the same bits on every run (graph
+≡ eager, and a resumed RL run, depend on it). A plan may split the cache over ``split`` programs per
+``(b, kv head)`` (flash-decoding's split): each writes its chunk's running maximum, sum and
+unnormalised output in fp32, and a second kernel combines the chunks in chunk order. The chunks
+are a function of the cache's capacity alone, never of timing, so the bits still repeat.
 
 Only the rollout engine calls it (:func:`hobson.models.common.cache_attend`, inside
 ``fused_kernels()`` on CUDA, one query token); training, prefill and CPU attend as before.
@@ -28,6 +31,7 @@ Only the rollout engine calls it (:func:`hobson.models.common.cache_attend`, ins
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -49,6 +53,12 @@ class Plan:
     warps: int = 4
     stages: int = 3  # Triton's default
     dot: bool = True
+    split: int = 1  # programs per (b, kv head), each over one chunk of the capacity; 1: one program, no combine
+
+    def chunk(self, capacity: int) -> int:
+        """Cache positions per program: the capacity over ``split`` programs, in whole blocks."""
+        per = -(-capacity // self.split)
+        return max(self.block, -(-per // self.block) * self.block)
 
 
 def plan(group: int, head_dim: int, dtype: torch.dtype) -> Plan:
@@ -65,10 +75,25 @@ def plan(group: int, head_dim: int, dtype: torch.dtype) -> Plan:
     head included: with elementwise products a Huginn decode step took 39.28 ms against 34.21 ms
     (one H200, session 26, ``bench/rl_gpu.py --kind huginn_raven --parts rollout``)."""
     if group == 1:
-        return Plan(block=64, warps=4, stages=2)
-    if dtype == torch.float32:
-        return Plan(block=64, warps=4, stages=3)
-    return Plan(block=64, warps=8, stages=3)
+        p = Plan(block=64, warps=4, stages=2)
+    elif dtype == torch.float32:
+        p = Plan(block=64, warps=4, stages=3)
+    else:
+        p = Plan(block=64, warps=8, stages=3)
+    split = _split_override()
+    return p if split is None else dataclasses.replace(p, split=split)
+
+
+@functools.cache
+def _split_override() -> int | None:
+    """``HOBSON_DECODE_SPLIT=N``: every plan splits the cache over N programs per KV head (a
+    whole-step A/B of the split; read once per process, so a graph and its eager steps agree)."""
+    raw = os.environ.get("HOBSON_DECODE_SPLIT")
+    if raw is None:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"HOBSON_DECODE_SPLIT={raw!r}: give a whole number of programs per KV head, 1 or more")
+    return int(raw)
 
 
 tl = None  # triton.language, imported with the kernel (a module global: Triton's interpreter patches those)
@@ -82,11 +107,11 @@ def _kernel():  # noqa: ANN202 - a triton JIT function
 
     @triton.jit
     def decode_attention(
-        Q, KN, VN, KC, VC, MASK, POS, OUT, COS, SIN,
+        Q, KN, VN, KC, VC, MASK, POS, OUT, COS, SIN, PM, PL, PACC,
         sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, skc_b, skc_h, skc_s, svc_b, svc_h, svc_s, sm_b, so_b, so_h, sc_b, ss_b,
         scale,
         G: tl.constexpr, GP: tl.constexpr, DH: tl.constexpr, DHP: tl.constexpr, BLOCK: tl.constexpr,
-        ROPE: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
+        ROPE: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr, CHUNK: tl.constexpr, NCHUNK: tl.constexpr,
     ):
         # the head dimension is handled as its two halves throughout: rotate-half RoPE pairs
         # element i with i + D/2, and the halves' products simply add up
@@ -119,19 +144,27 @@ def _kernel():  # noqa: ANN202 - a triton JIT function
             k2 = (a2 * c2 + a1 * s2).to(k2.dtype)
         kc_at = KC + b * skc_b + h * skc_h
         vc_at = VC + b * svc_b + h * svc_h
-        tl.store(kc_at + pos * skc_s + d, k1, mask=dm)
-        tl.store(kc_at + pos * skc_s + DH + d, k2, mask=dm)
-        tl.store(vc_at + pos * svc_s + d, v1, mask=dm)
-        tl.store(vc_at + pos * svc_s + DH + d, v2, mask=dm)
-        # the new token first: its score starts the running maximum, so no row is ever all -inf
+        # split: chunk c reads positions [c * CHUNK, (c + 1) * CHUNK) below pos; chunk 0 also
+        # writes the new key and value and counts the new token (no program reads slot pos)
+        c = tl.program_id(2)  # 0 without a split: the grid has one chunk, CHUNK the capacity
+        first = c == 0
+        lo = c * CHUNK
+        hi = tl.minimum(lo + CHUNK, pos)
+        tl.store(kc_at + pos * skc_s + d, k1, mask=dm & first)
+        tl.store(kc_at + pos * skc_s + DH + d, k2, mask=dm & first)
+        tl.store(vc_at + pos * svc_s + d, v1, mask=dm & first)
+        tl.store(vc_at + pos * svc_s + DH + d, v2, mask=dm & first)
+        # the new token first: its score starts the running maximum, so no row is ever all -inf;
+        # another chunk starts from a finite floor, so a chunk whose keys are all masked stays NaN-free
         m = (tl.sum(q1.to(tl.float32) * k1.to(tl.float32)[None, :], axis=1)
              + tl.sum(q2.to(tl.float32) * k2.to(tl.float32)[None, :], axis=1)) * scale
-        lsum = tl.full([GP], 1.0, tl.float32)
-        acc1 = tl.zeros([GP, DHP], tl.float32) + v1.to(tl.float32)[None, :]
-        acc2 = tl.zeros([GP, DHP], tl.float32) + v2.to(tl.float32)[None, :]
-        for start in range(0, pos, BLOCK):  # the filled prefix only, never the rest of the capacity
+        m = tl.where(first, m, -1e30)
+        lsum = tl.where(first, tl.full([GP], 1.0, tl.float32), 0.0)
+        acc1 = tl.zeros([GP, DHP], tl.float32) + tl.where(first, v1.to(tl.float32), 0.0)[None, :]
+        acc2 = tl.zeros([GP, DHP], tl.float32) + tl.where(first, v2.to(tl.float32), 0.0)[None, :]
+        for start in range(lo, hi, BLOCK):  # the filled prefix only, never the rest of the capacity
             s_idx = start + tl.arange(0, BLOCK)
-            inside = s_idx < pos
+            inside = s_idx < hi
             allowed = inside & (tl.load(MASK + b * sm_b + s_idx, mask=inside, other=0) != 0)
             kv_mask = allowed[:, None] & dm[None, :]
             kb1 = tl.load(kc_at + s_idx[:, None] * skc_s + d[None, :], mask=kv_mask, other=0.0)
@@ -157,11 +190,42 @@ def _kernel():  # noqa: ANN202 - a triton JIT function
                 acc1 = acc1 * alpha[:, None] + tl.sum(p[:, :, None] * vb1.to(tl.float32)[None, :, :], axis=1)
                 acc2 = acc2 * alpha[:, None] + tl.sum(p[:, :, None] * vb2.to(tl.float32)[None, :, :], axis=1)
             m = m_new
-        o_at = OUT + b * so_b + rows[:, None] * so_h + d[None, :]
-        tl.store(o_at, (acc1 / lsum[:, None]).to(OUT.dtype.element_ty), mask=qm)
-        tl.store(o_at + DH, (acc2 / lsum[:, None]).to(OUT.dtype.element_ty), mask=qm)
+        if NCHUNK > 1:  # the chunk's partial state, for combine(): (B, H, NCHUNK) and (B, H, NCHUNK, 2 * DHP)
+            r_at = (b * (G * tl.num_programs(1)) + rows) * NCHUNK + c
+            tl.store(PM + r_at, m, mask=gm)
+            tl.store(PL + r_at, lsum, mask=gm)
+            a_at = PACC + r_at[:, None] * (2 * DHP) + d[None, :]
+            tl.store(a_at, acc1, mask=qm)
+            tl.store(a_at + DHP, acc2, mask=qm)
+        else:
+            o_at = OUT + b * so_b + rows[:, None] * so_h + d[None, :]
+            tl.store(o_at, (acc1 / lsum[:, None]).to(OUT.dtype.element_ty), mask=qm)
+            tl.store(o_at + DH, (acc2 / lsum[:, None]).to(OUT.dtype.element_ty), mask=qm)
 
-    return decode_attention
+    @triton.jit
+    def combine(PM, PL, PACC, OUT, so_b, so_h, H,
+                DH: tl.constexpr, DHP: tl.constexpr, NCHUNK: tl.constexpr, NCP: tl.constexpr):
+        # one program per (b, query head): the chunks' states merged in chunk order, fixed bits
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        cs = tl.arange(0, NCP)
+        d = tl.arange(0, DHP)
+        # every chunk wrote its state; one past the write position has lsum 0 and a maximum of
+        # -1e30, so its weight is 0, and chunk 0's new token keeps the maximum finite
+        live = cs < NCHUNK
+        r_at = (b * H + h) * NCHUNK + cs
+        m = tl.load(PM + r_at, mask=live, other=-float("inf"))
+        w = tl.exp(m - tl.max(m, axis=0))
+        lsum = tl.sum(tl.load(PL + r_at, mask=live, other=0.0) * w, axis=0)
+        a_at = PACC + r_at[:, None] * (2 * DHP) + d[None, :]
+        am = live[:, None] & (d < DH)[None, :]
+        o1 = tl.sum(tl.load(a_at, mask=am, other=0.0) * w[:, None], axis=0) / lsum
+        o2 = tl.sum(tl.load(a_at + DHP, mask=am, other=0.0) * w[:, None], axis=0) / lsum
+        o_at = OUT + b * so_b + h * so_h + d
+        tl.store(o_at, o1.to(OUT.dtype.element_ty), mask=d < DH)
+        tl.store(o_at + DH, o2.to(OUT.dtype.element_ty), mask=d < DH)
+
+    return decode_attention, combine
 
 
 def enabled() -> bool:
@@ -207,16 +271,30 @@ def attend(q: Tensor, k: Tensor, v: Tensor, kcache: Tensor, vcache: Tensor, key_
         if t.stride(-1) != 1:
             raise ValueError("decode attention needs cos/sin contiguous in the head dimension")
     pow2 = 1 << (D // 2 - 1).bit_length()
-    _kernel()[(B, hkv)](
-        q, k, v, kcache, vcache, mask, pos, out, cos, sin,
+    dhp = max(16, pow2) if p.dot else pow2
+    chunk = p.chunk(kcache.shape[2]) if p.split > 1 else kcache.shape[2]
+    nchunk = -(-kcache.shape[2] // chunk)
+    if nchunk > 1:
+        pm = torch.empty(B, H, nchunk, dtype=torch.float32, device=q.device)
+        pl = torch.empty_like(pm)
+        pacc = torch.empty(B, H, nchunk, 2 * dhp, dtype=torch.float32, device=q.device)
+    else:
+        pm = pl = pacc = out  # unread and unwritten: any tensor will do
+    attention, combine = _kernel()
+    attention[(B, hkv, nchunk)](
+        q, k, v, kcache, vcache, mask, pos, out, cos, sin, pm, pl, pacc,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         kcache.stride(0), kcache.stride(1), kcache.stride(2), vcache.stride(0), vcache.stride(1), vcache.stride(2),
         mask.stride(0), out.stride(0), out.stride(2), cos.stride(0), sin.stride(0),
         D ** -0.5,
         # tl.dot needs 16 rows and a reduction of at least 16: groups and half-heads padded to it
         G=G, GP=max(MIN_ROWS, 1 << (G - 1).bit_length()) if p.dot else 1 << (G - 1).bit_length(),
-        DH=D // 2, DHP=max(16, pow2) if p.dot else pow2, BLOCK=p.block,
+        DH=D // 2, DHP=dhp, BLOCK=p.block,
         ROPE=rope is not None, DOT=p.dot, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=p.warps, num_stages=p.stages,
+        CHUNK=chunk, NCHUNK=nchunk, num_warps=p.warps, num_stages=p.stages,
     )
+    if nchunk > 1:
+        combine[(B, H)](pm, pl, pacc, out, out.stride(0), out.stride(2), H,
+                        DH=D // 2, DHP=dhp, NCHUNK=nchunk, NCP=1 << (nchunk - 1).bit_length(),
+                        num_warps=1)
     return out.transpose(1, 2)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -16,30 +18,25 @@ def test_a_split_chunks_the_capacity_in_whole_blocks() -> None:
 
 
 @pytest.fixture
-def split_env(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
-    decode_attention._split_override.cache_clear()
+def plan_env(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+    decode_attention._plan_override.cache_clear()
     yield monkeypatch
-    decode_attention._split_override.cache_clear()
+    decode_attention._plan_override.cache_clear()
 
 
-def test_the_split_override_applies_to_every_plan(split_env: pytest.MonkeyPatch) -> None:
-    """``HOBSON_DECODE_SPLIT=N`` keeps each plan's launch and splits its cache over N programs."""
-    whole = decode_attention.plan(1, 96, torch.bfloat16)
-    assert whole.split == 1
-    split_env.setenv("HOBSON_DECODE_SPLIT", "3")
-    decode_attention._split_override.cache_clear()
-    for args in ((1, 96, torch.bfloat16), (6, 128, torch.bfloat16), (6, 128, torch.float32)):
-        p = decode_attention.plan(*args)
-        assert p.split == 3
-        decode_attention._split_override.cache_clear()
-        split_env.delenv("HOBSON_DECODE_SPLIT")
-        assert p == decode_attention.Plan(**{**decode_attention.plan(*args).__dict__, "split": 3})
-        split_env.setenv("HOBSON_DECODE_SPLIT", "3")
-        decode_attention._split_override.cache_clear()
+def test_the_plan_override_applies_to_every_plan(plan_env: pytest.MonkeyPatch) -> None:
+    """``HOBSON_DECODE_PLAN`` replaces the fields it names in each plan and keeps the rest."""
+    shapes = ((1, 96, torch.bfloat16), (6, 128, torch.bfloat16), (6, 128, torch.float32))
+    plans = [decode_attention.plan(*a) for a in shapes]
+    assert all(p.split == 1 and p.mask_loads for p in plans)
+    plan_env.setenv("HOBSON_DECODE_PLAN", "split=3, mask_loads=0")
+    decode_attention._plan_override.cache_clear()
+    for a, p in zip(shapes, plans, strict=True):
+        assert decode_attention.plan(*a) == dataclasses.replace(p, split=3, mask_loads=False)
 
 
-@pytest.mark.parametrize("raw", ["0", "two", "-1", ""])
-def test_a_bad_split_override_is_one_error_naming_it(split_env: pytest.MonkeyPatch, raw: str) -> None:
-    split_env.setenv("HOBSON_DECODE_SPLIT", raw)
-    with pytest.raises(ValueError, match="HOBSON_DECODE_SPLIT"):
+@pytest.mark.parametrize("raw", ["split=0", "split=two", "bogus=1", "split", "", "block=8"])
+def test_a_bad_plan_override_is_one_error_naming_it(plan_env: pytest.MonkeyPatch, raw: str) -> None:
+    plan_env.setenv("HOBSON_DECODE_PLAN", raw)
+    with pytest.raises(ValueError, match="HOBSON_DECODE_PLAN"):
         decode_attention.plan(1, 96, torch.bfloat16)

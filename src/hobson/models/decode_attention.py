@@ -54,6 +54,7 @@ class Plan:
     stages: int = 3  # Triton's default
     dot: bool = True
     split: int = 1  # programs per (b, kv head), each over one chunk of the capacity; 1: one program, no combine
+    mask_loads: bool = True  # the cache's loads wait for the key mask's (False: issued beside it)
 
     def chunk(self, capacity: int) -> int:
         """Cache positions per program: the capacity over ``split`` programs, in whole blocks."""
@@ -80,20 +81,28 @@ def plan(group: int, head_dim: int, dtype: torch.dtype) -> Plan:
         p = Plan(block=64, warps=4, stages=3)
     else:
         p = Plan(block=64, warps=8, stages=3)
-    split = _split_override()
-    return p if split is None else dataclasses.replace(p, split=split)
+    override = _plan_override()
+    return dataclasses.replace(p, **override) if override else p
 
 
 @functools.cache
-def _split_override() -> int | None:
-    """``HOBSON_DECODE_SPLIT=N``: every plan splits the cache over N programs per KV head (a
-    whole-step A/B of the split; read once per process, so a graph and its eager steps agree)."""
-    raw = os.environ.get("HOBSON_DECODE_SPLIT")
+def _plan_override() -> dict:
+    """``HOBSON_DECODE_PLAN="split=3,mask_loads=0"``: these fields of every plan replaced (a
+    whole-step A/B of a launch choice; read once per process, so a graph and its eager steps agree)."""
+    raw = os.environ.get("HOBSON_DECODE_PLAN")
     if raw is None:
-        return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"HOBSON_DECODE_SPLIT={raw!r}: give a whole number of programs per KV head, 1 or more")
-    return int(raw)
+        return {}
+    fields = {f.name: f.type for f in dataclasses.fields(Plan)}
+    out: dict = {}
+    for item in raw.split(","):
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if key not in fields or not value.strip().isdigit():
+            raise ValueError(f"HOBSON_DECODE_PLAN={raw!r}: give name=integer pairs, names from {sorted(fields)}")
+        out[key] = bool(int(value)) if fields[key] in (bool, "bool") else int(value)
+    if out.get("split", 1) < 1 or out.get("block", 16) < 16 or out.get("warps", 1) < 1 or out.get("stages", 1) < 1:
+        raise ValueError(f"HOBSON_DECODE_PLAN={raw!r}: split, warps and stages are at least 1, block at least 16")
+    return out
 
 
 tl = None  # triton.language, imported with the kernel (a module global: Triton's interpreter patches those)
@@ -112,6 +121,7 @@ def _kernel():  # noqa: ANN202 - a triton JIT function
         scale,
         G: tl.constexpr, GP: tl.constexpr, DH: tl.constexpr, DHP: tl.constexpr, BLOCK: tl.constexpr,
         ROPE: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr, CHUNK: tl.constexpr, NCHUNK: tl.constexpr,
+        MASK_LOADS: tl.constexpr,
     ):
         # the head dimension is handled as its two halves throughout: rotate-half RoPE pairs
         # element i with i + D/2, and the halves' products simply add up
@@ -166,7 +176,10 @@ def _kernel():  # noqa: ANN202 - a triton JIT function
             s_idx = start + tl.arange(0, BLOCK)
             inside = s_idx < hi
             allowed = inside & (tl.load(MASK + b * sm_b + s_idx, mask=inside, other=0) != 0)
-            kv_mask = allowed[:, None] & dm[None, :]
+            # MASK_LOADS: keys and values loaded where the key mask allows (a load that waits for the
+            # mask's); else wherever the prefix is filled, in parallel with the mask's load, the
+            # mask then applied to the scores and (against a non-finite stale value) to the values
+            kv_mask = (allowed if MASK_LOADS else inside)[:, None] & dm[None, :]
             kb1 = tl.load(kc_at + s_idx[:, None] * skc_s + d[None, :], mask=kv_mask, other=0.0)
             kb2 = tl.load(kc_at + s_idx[:, None] * skc_s + DH + d[None, :], mask=kv_mask, other=0.0)
             if DOT:
@@ -182,6 +195,9 @@ def _kernel():  # noqa: ANN202 - a triton JIT function
             lsum = lsum * alpha + tl.sum(p, axis=1)
             vb1 = tl.load(vc_at + s_idx[:, None] * svc_s + d[None, :], mask=kv_mask, other=0.0)
             vb2 = tl.load(vc_at + s_idx[:, None] * svc_s + DH + d[None, :], mask=kv_mask, other=0.0)
+            if not MASK_LOADS:
+                vb1 = tl.where(allowed[:, None], vb1, 0.0)
+                vb2 = tl.where(allowed[:, None], vb2, 0.0)
             if DOT:
                 pv = p.to(vb1.dtype)
                 acc1 = acc1 * alpha[:, None] + tl.dot(pv, vb1, input_precision=PRECISION)
@@ -291,7 +307,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, kcache: Tensor, vcache: Tensor, key_
         G=G, GP=max(MIN_ROWS, 1 << (G - 1).bit_length()) if p.dot else 1 << (G - 1).bit_length(),
         DH=D // 2, DHP=dhp, BLOCK=p.block,
         ROPE=rope is not None, DOT=p.dot, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        CHUNK=chunk, NCHUNK=nchunk, num_warps=p.warps, num_stages=p.stages,
+        CHUNK=chunk, NCHUNK=nchunk, MASK_LOADS=p.mask_loads, num_warps=p.warps, num_stages=p.stages,
     )
     if nchunk > 1:
         combine[(B, H)](pm, pl, pacc, out, out.stride(0), out.stride(2), H,

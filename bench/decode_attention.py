@@ -11,9 +11,9 @@ filled up to ``S - 1`` positions (``S`` = 176, the rollout bench's 128 prompt + 
 - ``kernel``: :mod:`hobson.models.decode_attention` with its plan (what the engine runs);
 - ``kernel + rope`` (Nanbeige): the same with RoPE inside the kernel, against
   ``rope_qk`` compiled + the kernel (``rope_qk + kernel``): what fusing RoPE saves;
-- with ``--sweep``, the cache's loads issued beside the key mask's (``free``), the cache split over
-  several programs per KV head (``x3``: three, combined by a second kernel), other blocks of cache
-  positions, warps, pipeline stages, and ``tl.dot`` against elementwise products.
+- with ``--sweep``, the cache split over several programs per KV head (``x3``: three, combined by
+  a second kernel), other blocks of cache positions, warps, pipeline stages, and ``tl.dot``
+  against elementwise products.
 
 Timing: a CUDA graph of one call per layer over that many distinct caches (as in a decode step,
 where each layer's cache is read once), replayed; µs per call, the median of 5 replays. GB/s
@@ -65,14 +65,11 @@ def time_us(fn, layers: int) -> float:
 
 
 def sweep_plans(group: int) -> list[decode_attention.Plan]:
-    """Loads beside the mask's, whole and split (first: a deadline cuts the end of the list); the
-    cache split over 2-8 programs per KV head;
+    """The cache split over 2-8 programs per KV head (first: a deadline cuts the end of the list);
     blocks of 32-128 positions at 4 or 8 warps and 2-4 stages with ``tl.dot``; the elementwise
     form at small blocks (its (rows × block × half-head) product lives in registers)."""
-    out = [decode_attention.Plan(block, warps, stages, True, split, False)
-           for split in (1, 2, 3, 4) for block in (32, 64, 128) for warps in (4, 8) for stages in (2, 3)]
-    out += [decode_attention.Plan(block, warps, stages, True, split)
-            for split in (2, 3, 4, 6, 8) for block in (32, 64) for warps in (4, 8) for stages in (2, 3)]
+    out = [decode_attention.Plan(block, warps, stages, True, split)
+           for split in (2, 3, 4, 6, 8) for block in (32, 64) for warps in (4, 8) for stages in (2, 3)]
     out += [decode_attention.Plan(block, warps, stages, True)
             for block in (32, 64, 128) for warps in (4, 8) for stages in (2, 3, 4)]
     gp = 1 << (group - 1).bit_length()
@@ -82,8 +79,7 @@ def sweep_plans(group: int) -> list[decode_attention.Plan]:
 
 
 def label(p: decode_attention.Plan) -> str:
-    return (f"{'dot' if p.dot else 'ew'} b{p.block} w{p.warps} s{p.stages}" + (f" x{p.split}" if p.split > 1 else "")
-            + ("" if p.mask_loads else " free"))
+    return f"{'dot' if p.dot else 'ew'} b{p.block} w{p.warps} s{p.stages}" + (f" x{p.split}" if p.split > 1 else "")
 
 
 def run_case(model: str, dtype: torch.dtype, S: int, sweep: bool, deadline: float = float("inf")) -> dict:

@@ -41,7 +41,7 @@ def check(case: dict) -> dict:
     out = {"max_diff": 0.0, "cache_diff": 0.0, "cache_equal": True, "contiguous": True, "repeat_equal": True}
     dtype = getattr(torch, case.get("dtype", "float32"))
     plan = decode_attention.Plan(block=case.get("block", decode_attention.BLOCK), dot=case.get("dot", True),
-                                 split=case.get("split", 1), mask_loads=case.get("mask_loads", True))
+                                 split=case.get("split", 1))
     kw = {"rope": case.get("rope", False), "plan": plan}
     for pos in case["positions"]:
         args = (3, case["H"], case["hkv"], case["D"], 48, pos, dtype, "cpu")
@@ -95,36 +95,22 @@ def test_interpreted_elementwise_products(H: int, hkv: int, D: int, block: int) 
     assert res["cache_equal"] and res["contiguous"] and res["repeat_equal"], res
 
 
-@pytest.mark.parametrize(("H", "hkv", "D", "dtype", "dot", "rope", "mask_loads"), [
-    (2, 1, 96, "float32", True, False, True), (3, 3, 24, "float32", False, False, False),
-    (8, 2, 32, "float16", True, True, False), (6, 2, 16, "float32", False, True, True)])
-def test_interpreted_split_over_the_cache(H: int, hkv: int, D: int, dtype: str, dot: bool, rope: bool,
-                                          mask_loads: bool) -> None:
+@pytest.mark.parametrize(("H", "hkv", "D", "dtype", "dot", "rope"), [
+    (2, 1, 96, "float32", True, False), (3, 3, 24, "float32", False, False),
+    (8, 2, 32, "float16", True, True), (6, 2, 16, "float32", False, True)])
+def test_interpreted_split_over_the_cache(H: int, hkv: int, D: int, dtype: str, dot: bool, rope: bool) -> None:
     """The cache split over 3 programs per KV head (16-position chunks of the 48-slot cache) and
     combined: write positions in the first chunk, at and across chunk bounds and in the last
     (chunks past the write position, and chunks whose keys the mask removes, weigh nothing), in
-    both product forms, with and without RoPE, the cache's loads waiting for the key mask or not:
-    within float rounding of update + attend, the cache holding what ``update`` writes (written
-    once, by the first chunk's program), bits repeated."""
+    both product forms, with and without RoPE: within float rounding of update + attend, the cache
+    holding what ``update`` writes (written once, by the first chunk's program), bits repeated."""
     res = _interpreted({"H": H, "hkv": hkv, "D": D, "dtype": dtype, "dot": dot, "rope": rope, "split": 3,
-                        "block": 16, "mask_loads": mask_loads, "positions": [0, 5, 16, 17, 32, 47]})
+                        "block": 16, "positions": [0, 5, 16, 17, 32, 47]})
     assert res["max_diff"] < (1e-5 if dtype == "float32" else 2e-3), res
     if not rope:
         assert res["cache_equal"], res
     assert res["cache_diff"] < (1e-5 if dtype == "float32" else 1e-2), res
     assert res["contiguous"] and res["repeat_equal"], res
-
-
-@pytest.mark.parametrize(("H", "hkv", "D", "dtype", "dot"), [(8, 2, 32, "float32", True), (2, 1, 96, "float16", True),
-                                                             (3, 3, 24, "float32", False)])
-def test_interpreted_loads_beside_the_mask(H: int, hkv: int, D: int, dtype: str, dot: bool) -> None:
-    """The cache's loads issued beside the key mask's (every filled slot read, the mask applied to
-    the scores and the values): the same results as update + attend, where a third of the keys
-    below the write position are masked out."""
-    res = _interpreted({"H": H, "hkv": hkv, "D": D, "dtype": dtype, "dot": dot, "mask_loads": False,
-                        "positions": [0, 1, 31, 32, 45]})
-    assert res["max_diff"] < (1e-5 if dtype == "float32" else 2e-3), res
-    assert res["cache_equal"] and res["contiguous"] and res["repeat_equal"], res
 
 
 def _interpreter_takes_numpy_2() -> None:

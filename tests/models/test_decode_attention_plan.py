@@ -28,11 +28,11 @@ def test_the_plan_override_applies_to_every_plan(plan_env: pytest.MonkeyPatch) -
     """``HOBSON_DECODE_PLAN`` replaces the fields it names in each plan and keeps the rest."""
     shapes = ((1, 96, torch.bfloat16), (6, 128, torch.bfloat16), (6, 128, torch.float32))
     plans = [decode_attention.plan(*a) for a in shapes]
-    assert all(p.split == 1 and p.mask_loads for p in plans)
-    plan_env.setenv("HOBSON_DECODE_PLAN", "split=3, mask_loads=0")
+    assert all(p.split == 1 for p in plans)
+    plan_env.setenv("HOBSON_DECODE_PLAN", "split=3, block=32")
     decode_attention._plan_override.cache_clear()
     for a, p in zip(shapes, plans, strict=True):
-        assert decode_attention.plan(*a) == dataclasses.replace(p, split=3, mask_loads=False)
+        assert decode_attention.plan(*a) == dataclasses.replace(p, split=3, block=32)
 
 
 @pytest.mark.parametrize("raw", ["split=0", "split=two", "bogus=1", "split", "", "block=8"])

@@ -54,7 +54,6 @@ class Plan:
     stages: int = 3  # Triton's default
     dot: bool = True
     split: int = 1  # programs per (b, kv head), each over one chunk of the capacity; 1: one program, no combine
-    mask_loads: bool = True  # the cache's loads wait for the key mask's (False: issued beside it)
 
     def chunk(self, capacity: int) -> int:
         """Cache positions per program: the capacity over ``split`` programs, in whole blocks."""
@@ -74,7 +73,14 @@ def plan(group: int, head_dim: int, dtype: torch.dtype) -> Plan:
     against 36.98, 126.61 against 168.87 (SDPA 140.58). 64 positions for every shape because the
     plan cannot see the cache length. ``tl.dot`` for every group, Huginn's one query head per KV
     head included: with elementwise products a Huginn decode step took 39.28 ms against 34.21 ms
-    (one H200, session 26, ``bench/rl_gpu.py --kind huginn_raven --parts rollout``)."""
+    (one H200, session 26, ``bench/rl_gpu.py --kind huginn_raven --parts rollout``).
+
+    No plan splits the cache: at batch 16 Huginn's 880 programs already fill the card, and on an
+    H100 (session 32) a 3-way split took 33.34 µs against 30.98-31.73 whole at 176 positions and
+    133.38 against 136.10 at 1,024; a Huginn decode step took 45.89 and 46.49 ms against 46.03 and
+    46.26 whole. Issuing the cache's loads beside the key mask's instead of after it was slower
+    still (36.45 µs at 176) and was removed. The split stays a plan field for batches of few
+    programs (``HOBSON_DECODE_PLAN=split=N`` to measure one)."""
     if group == 1:
         p = Plan(block=64, warps=4, stages=2)
     elif dtype == torch.float32:
@@ -87,7 +93,7 @@ def plan(group: int, head_dim: int, dtype: torch.dtype) -> Plan:
 
 @functools.cache
 def _plan_override() -> dict:
-    """``HOBSON_DECODE_PLAN="split=3,mask_loads=0"``: these fields of every plan replaced (a
+    """``HOBSON_DECODE_PLAN="split=3,block=32"``: these fields of every plan replaced (a
     whole-step A/B of a launch choice; read once per process, so a graph and its eager steps agree)."""
     raw = os.environ.get("HOBSON_DECODE_PLAN")
     if raw is None:
@@ -121,7 +127,6 @@ def _kernel():  # noqa: ANN202 - a triton JIT function
         scale,
         G: tl.constexpr, GP: tl.constexpr, DH: tl.constexpr, DHP: tl.constexpr, BLOCK: tl.constexpr,
         ROPE: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr, CHUNK: tl.constexpr, NCHUNK: tl.constexpr,
-        MASK_LOADS: tl.constexpr,
     ):
         # the head dimension is handled as its two halves throughout: rotate-half RoPE pairs
         # element i with i + D/2, and the halves' products simply add up
@@ -176,10 +181,7 @@ def _kernel():  # noqa: ANN202 - a triton JIT function
             s_idx = start + tl.arange(0, BLOCK)
             inside = s_idx < hi
             allowed = inside & (tl.load(MASK + b * sm_b + s_idx, mask=inside, other=0) != 0)
-            # MASK_LOADS: keys and values loaded where the key mask allows (a load that waits for the
-            # mask's); else wherever the prefix is filled, in parallel with the mask's load, the
-            # mask then applied to the scores and (against a non-finite stale value) to the values
-            kv_mask = (allowed if MASK_LOADS else inside)[:, None] & dm[None, :]
+            kv_mask = allowed[:, None] & dm[None, :]
             kb1 = tl.load(kc_at + s_idx[:, None] * skc_s + d[None, :], mask=kv_mask, other=0.0)
             kb2 = tl.load(kc_at + s_idx[:, None] * skc_s + DH + d[None, :], mask=kv_mask, other=0.0)
             if DOT:
@@ -195,9 +197,6 @@ def _kernel():  # noqa: ANN202 - a triton JIT function
             lsum = lsum * alpha + tl.sum(p, axis=1)
             vb1 = tl.load(vc_at + s_idx[:, None] * svc_s + d[None, :], mask=kv_mask, other=0.0)
             vb2 = tl.load(vc_at + s_idx[:, None] * svc_s + DH + d[None, :], mask=kv_mask, other=0.0)
-            if not MASK_LOADS:
-                vb1 = tl.where(allowed[:, None], vb1, 0.0)
-                vb2 = tl.where(allowed[:, None], vb2, 0.0)
             if DOT:
                 pv = p.to(vb1.dtype)
                 acc1 = acc1 * alpha[:, None] + tl.dot(pv, vb1, input_precision=PRECISION)
@@ -307,7 +306,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, kcache: Tensor, vcache: Tensor, key_
         G=G, GP=max(MIN_ROWS, 1 << (G - 1).bit_length()) if p.dot else 1 << (G - 1).bit_length(),
         DH=D // 2, DHP=dhp, BLOCK=p.block,
         ROPE=rope is not None, DOT=p.dot, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        CHUNK=chunk, NCHUNK=nchunk, MASK_LOADS=p.mask_loads, num_warps=p.warps, num_stages=p.stages,
+        CHUNK=chunk, NCHUNK=nchunk, num_warps=p.warps, num_stages=p.stages,
     )
     if nchunk > 1:
         combine[(B, H)](pm, pl, pacc, out, out.stride(0), out.stride(2), H,

@@ -54,22 +54,25 @@ def write_json(path: str | os.PathLike, result: Any) -> None:
     write_json_atomic(path, json.loads(json.dumps(result, default=str)))
 
 
-def commit() -> str | None:
-    """``$HOBSON_BENCH_COMMIT`` where set (a copy of the tree whose ``.git`` is not its commit, such
-    as a lent GPU machine's: there ``git rev-parse`` gave the session's first commit), else the
-    checkout's ``git rev-parse HEAD``, else None."""
+def commit(root: Path | None = None) -> str | None:
+    """``$HOBSON_BENCH_COMMIT`` where set, else the checkout's ``git rev-parse HEAD`` with
+    ``+dirty`` where tracked files differ from it, else None. A lent GPU machine's copy carries a
+    ``.git`` of the session's first commit beside a newer tree: without the mark its runs were
+    recorded as that commit (session 32), with it they say the tree was not that commit."""
     import subprocess
 
     if os.environ.get("HOBSON_BENCH_COMMIT"):
         return os.environ["HOBSON_BENCH_COMMIT"]
+    cwd = root if root is not None else Path(__file__).resolve().parent
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=10)
-        if out.returncode == 0:
-            return out.stdout.strip()
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
+        if out.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                               capture_output=True, text=True, timeout=30)
+        return out.stdout.strip() + ("+dirty" if dirty.returncode != 0 or dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
-        pass
-    return None
+        return None
 
 
 def gib(n: float) -> float:

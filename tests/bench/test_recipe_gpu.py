@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,26 @@ def test_profile_helpers():
     assert common.family("sm90_xmma_gemm_bf16bf16_bf16f32") == "matmul"
     assert common.family("void trsm_left_kernel<float>") == "triangular solve"
     assert common.family("void at::native::vectorized_elementwise_kernel<4, ...>") == "elementwise"
+
+
+def test_the_recorded_commit_says_when_the_tree_is_not_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A result names the commit it ran, and ``+dirty`` where tracked files differ from it (a lent GPU
+    machine's copy: a ``.git`` of an earlier commit beside a newer tree); ``$HOBSON_BENCH_COMMIT``
+    overrides; no repository gives None."""
+    spec = importlib.util.spec_from_file_location("common", REPO / "bench" / "common.py")
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    monkeypatch.delenv("HOBSON_BENCH_COMMIT", raising=False)
+    assert common.commit(tmp_path) is None
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run([*git, "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / "f.py").write_text("a = 1\n")
+    subprocess.run([*git, "add", "f.py"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], cwd=tmp_path, check=True)
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    (tmp_path / "new.txt").write_text("untracked files do not count\n")
+    assert common.commit(tmp_path) == sha
+    (tmp_path / "f.py").write_text("a = 2\n")
+    assert common.commit(tmp_path) == sha + "+dirty"
+    monkeypatch.setenv("HOBSON_BENCH_COMMIT", "abc")
+    assert common.commit(tmp_path) == "abc"

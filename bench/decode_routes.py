@@ -7,9 +7,8 @@ A route per 16-bit decode GEMM shape and card (src/hobson/models/skinny.py ``ROU
 filled from this bench's figures: an H200's Nanbeige table since session 31, 1.05x a step; none for
 an H100, where no reliable whole-step gain showed;
 ``HOBSON_GEMM16_ROUTES`` names a table to try, ``none`` for cuBLAS throughout): cuBLASLt, the
-swapped-operand product ``(W @ xᵀ)ᵀ``, or a Triton tile; for a [gate; up] weight also ``triton glu``,
-the tile with the SwiGLU in its epilogue (session 33). (SwiGLU inside the down projection's loads,
-a variant until session 30, was slower on both models on an H100 and was removed.)
+swapped-operand product ``(W @ xᵀ)ᵀ``, or a Triton tile. (SwiGLU inside the down projection's
+loads, a third variant until session 30, was slower on both models on an H100 and was removed.)
 
 Steps, each in its own process: ``bench/skinny_gemm.py --sweep`` times every kernel choice per shape
 (bf16, the models asked for); the fastest choice per shape that is at least ``--margin`` faster
@@ -38,39 +37,25 @@ from hobson.errors import ConfigError
 from hobson.models import skinny
 
 ROOT = Path(__file__).resolve().parent.parent
-# --variants key: (label, which route table: none, the picked one, or the picked one without glu)
-VARIANTS = {"cublas": ("cuBLAS", None), "routes": ("routes", "routes.json"), "plain": ("routes, no glu", "plain.json")}
+# --variants key: (label, use the route table)
+VARIANTS = {"cublas": ("cuBLAS", False), "routes": ("routes", True)}
 
 
 def pick_routes(skinny: dict, margin: float) -> list[dict]:
-    """Per shape, the fastest timed choice that beats cuBLAS by ``margin`` (Triton only if it repeated
-    its bits). A [gate; up] shape timed with its SwiGLU (``glu``) compares what the layer runs: each
-    product plus the SwiGLU kernel's time (``cublas + silu_mul`` less ``cublas``) against each fused
-    ``triton glu`` choice; ``us`` and ``cublas_us`` are then the product-and-SwiGLU times."""
+    """Per shape, the fastest timed choice that beats cuBLAS by ``margin`` (Triton only if it repeated its bits)."""
     routes = []
     for e in skinny["shapes"]:
         if e["dtype"] == "float32":  # fp32 products have their own kernel (skinny.plan), no route
             continue
-        ok = lambda k, v: "us" in v and (not k.startswith("triton") or v.get("repeat_identical"))  # noqa: E731
-        ks = {k: v["us"] for k, v in e["kernels"].items() if ok(k, v)}
+        ks = {k: v["us"] for k, v in e["kernels"].items()
+              if "us" in v and (not k.startswith("triton") or v.get("repeat_identical"))}
         if "cublas" not in ks:
             continue
-        glu = e.get("glu") or {}
-        if "us" in glu.get("cublas + silu_mul", {}):
-            silu = glu["cublas + silu_mul"]["us"] - ks["cublas"]
-            ks = {k: us + silu for k, us in ks.items()}
-            ks.update({k: v["us"] for k, v in glu.items() if k.startswith("triton glu") and ok(k, v)})
         best = min(ks, key=ks.get)
         if ks[best] < (1 - margin) * ks["cublas"]:
             routes.append({"n": e["n"], "k": e["k"], "dtype": e["dtype"], "route": best,
                            "us": ks[best], "cublas_us": ks["cublas"]})
     return routes
-
-
-def without_glu(routes: list[dict]) -> list[dict]:
-    """The table with each ``triton glu`` route as the same tile's plain product (the SwiGLU then runs
-    its own kernel): the ``plain`` variant, the fused epilogue's share of a step."""
-    return [dict(r, route=r["route"].replace("triton glu", "triton", 1)) for r in routes]
 
 
 def main() -> None:
@@ -81,8 +66,7 @@ def main() -> None:
     p.add_argument("--sweep-deadline", type=float, default=60.0)
     p.add_argument("--timeout", type=float, default=150.0, help="seconds per rollout process")
     p.add_argument("--routes", help="a route table measured before (skips the sweep)")
-    p.add_argument("--variants", default="cublas,routes",
-                   help="any of cublas, routes, plain (the routes with each 'triton glu' as its plain product)")
+    p.add_argument("--variants", default="cublas,routes", help="any of cublas, routes")
     p.add_argument("--rollout-args", default="",
                    help="more arguments for each bench/rl_gpu.py run (e.g. '--size tiny --device cpu "
                         "--engine-device cpu --batch 2': the CPU test of this bench's plumbing)")
@@ -108,15 +92,15 @@ def main() -> None:
                         "--dtypes", "bfloat16", "--sweep", "--sweep-deadline", str(args.sweep_deadline),
                         "--json", str(work / "skinny.json")], env=env, check=True)
         routes = pick_routes(json.loads((work / "skinny.json").read_text()), args.margin)
-    (work / "routes.json").write_text(json.dumps(routes, indent=1))
-    (work / "plain.json").write_text(json.dumps(without_glu(routes), indent=1))
+    table = work / "routes.json"
+    table.write_text(json.dumps(routes, indent=1))
     log(f"{len(routes)} routes: " + ", ".join(f"{r['n']}x{r['k']} {r['route']}" for r in routes))
     res: dict = {"bench": "decode_routes", "command": ["python", "bench/decode_routes.py", *sys.argv[1:]],
                  "commit": commit(), "routes": routes, "rows": []}
     for model in models:
-        for run, (label, table) in ((i, v) for i in range(args.repeat) for v in variants):
+        for run, (label, use_routes) in ((i, v) for i in range(args.repeat) for v in variants):
             out = work / f"{model}-{len(res['rows'])}.json"
-            venv = dict(env, HOBSON_GEMM16_ROUTES=str(work / table) if table else "none")
+            venv = dict(env, HOBSON_GEMM16_ROUTES=str(table) if use_routes else "none")
             try:
                 subprocess.run([sys.executable, str(ROOT / "bench" / "rl_gpu.py"), "--kind", model,
                                 "--parts", "rollout", "--rollout-dtype", "bfloat16", "--engines", "now",

@@ -12,11 +12,7 @@ configs in ``tests/fixtures/official-models``), in the decode dtype (bf16) and t
 - ``cublas swapped`` / ``cublaslt swapped``: ``(w @ x.T).T``, the operands' roles exchanged (and the
   result copied to rows, as the engine needs it);
 - ``triton``: :mod:`hobson.models.skinny` with its fixed plan (what the engine now runs);
-- with ``--sweep``, the best of a few other tile/split choices for the same kernel (16-bit only);
-- for a stacked ``[gate; up]`` weight (Nanbeige's gate|up, Huginn's mlp.fc), 16-bit, also the
-  SwiGLU the layer applies after it: ``cublas + silu_mul`` (the product, then the engine's compiled
-  SwiGLU kernel) against ``triton glu`` (:func:`hobson.models.skinny.linear_glu`: the SwiGLU in the
-  product's epilogue, one kernel), at the plan's tile and, with ``--sweep``, the swept ones.
+- with ``--sweep``, the best of a few other tile/split choices for the same kernel (16-bit only).
 
 Timing: a CUDA graph of back-to-back products over enough copies of the weight that none stays in
 the 60 MB L2 (as in a decode step, where each weight is read once), replayed; the median of 5.
@@ -40,7 +36,6 @@ import torch
 from common import commit, environment, log, write_json
 
 from hobson.models import skinny
-from hobson.models.common import fused_kernels, silu_mul
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "official-models"
@@ -137,33 +132,6 @@ def swapped(x, w):
     return torch.mm(w, x.T).T.contiguous()
 
 
-GATED = ("gate|up", "mlp.fc")  # products whose output the layer splits into gate, up for silu(gate) * up
-
-
-def cublas_silu(x, w):
-    """The layer's path before the fused epilogue: cuBLAS's product, then the compiled SwiGLU kernel."""
-    with fused_kernels(True):
-        gate, up = torch.nn.functional.linear(x, w).chunk(2, dim=-1)
-        return silu_mul(gate, up)
-
-
-def time_glu(x: torch.Tensor, ws: list[torch.Tensor], plans: list[tuple[str, skinny.Plan]]) -> dict:
-    """``silu(gate) * up`` of the product: cuBLAS then the SwiGLU kernel, and the fused kernel per plan."""
-    gate, up = (x.double() @ ws[0].double().T).to(x.dtype).double().chunk(2, dim=-1)
-    ref = torch.nn.functional.silu(gate) * up
-    out = {}
-    choices = [("cublas + silu_mul", cublas_silu)]
-    choices += [(label, lambda x, w, pl=pl: skinny.linear_glu(x, w, pl)) for label, pl in plans]
-    for label, fn in choices:
-        try:
-            y = fn(x, ws[0])
-            out[label] = {"rel_err": rel_err(y, ref), "us": time_us(fn, ws, x),
-                          "repeat_identical": bool(torch.equal(y, fn(x, ws[0])))}
-        except Exception as e:  # a choice that fails is reported, the others still run
-            out[label] = {"error": repr(e)[:300]}
-    return out
-
-
 def sweep_plans(k: int, base: skinny.Plan, dtype: torch.dtype) -> list[skinny.Plan]:
     """16-bit: other tiles (64 or 128 weight rows) and K splits at the plan's depth; the plan's tile
     at other pipeline depths and with 32 rows. fp32: tiles and splits in 3xTF32, and the plan's
@@ -246,12 +214,6 @@ def main() -> None:
                     entry["kernels"][label] = {"us": us, "gb_s": gbs, "pct_copy": gbs / 1e3 / peak,
                                                "pct_datasheet": gbs / 1e3 / DATASHEET_TBS, "rel_err": err,
                                                "repeat_identical": same}
-                if name in GATED and dtype != torch.float32:
-                    glu_plans = [("triton glu", plan)]
-                    glu_plans += [(f"triton glu {lb.split(' ', 1)[1]}", parse) for lb, parse in (
-                        (lb, skinny.parse_triton(lb, n, k, dtype, sms)) for lb, _, _ in choices
-                        if lb.startswith("triton ") and dtype != torch.float16)]
-                    entry["glu"] = time_glu(x, ws, glu_plans)
                 timed_triton = [(v["us"], k2) for k2, v in entry["kernels"].items()
                                 if "us" in v and k2.startswith("triton")]
                 best = min(timed_triton, default=(float("nan"), "triton"))
@@ -296,20 +258,6 @@ def print_tables(res: dict) -> None:
               f"{cell(ks.get('triton'))} | "
               f"{(e['best_triton'] + ': ' + cell(best)) if best else '(the plan)'} | {ratio:.2f}× | "
               f"{errs} | {same} | {e.get('engine_runs', '')} |")
-    gated = [e for e in res["shapes"] if e.get("glu")]
-    if gated:
-        print("\n### The SwiGLU after a [gate; up] product: µs for silu(gate) * up from the layer's input\n")
-        print("| model | weight (N × K) | dtype | cuBLAS + silu_mul | Triton glu (plan) | best Triton glu | "
-              "rel. err, best | repeat identical |")
-        print("| --- | --- | --- | ---: | ---: | --- | ---: | --- |")
-        for e in gated:
-            g = e["glu"]
-            timed = {k2: v for k2, v in g.items() if "us" in v and k2.startswith("triton glu")}
-            b = min(timed, key=lambda k2: timed[k2]["us"], default=None)
-            us = {k2: f"{v['us']:.1f}" if "us" in v else "error" for k2, v in g.items()}
-            print(f"| {e['model']} | {e['name']} {e['n']} × {e['k']} | {e['dtype']} | {us.get('cublas + silu_mul')} | "
-                  f"{us.get('triton glu')} | {f'{b}: ' + us[b] if b else ''} | "
-                  f"{g[b]['rel_err']:.1e} | {g[b]['repeat_identical']} |" if b else "| | | | | |")
     print("\n### One decode step's GEMMs (sum over the shapes × uses per step)\n")
     print("| model | dtype | weight GB per step | cuBLAS ms | cuBLASLt ms | cuBLAS swapped ms | "
           "best of all per shape ms | Triton (plan) ms | floor at the copy speed ms |")

@@ -53,8 +53,6 @@ def test_routes_from_session_12s_h200_timings_and_the_table_they_make(tmp_path: 
     ('{"n": 1}', "expected a JSON list"),
     ('[{"n": 3072, "k": 6144, "dtype": "bfloat16", "route": "cublas sideways"}]', "entry 0"),
     ('[{"n": 3072, "k": 6144, "dtype": "float32", "route": "triton"}]', "dtype bfloat16 or float16"),
-    ('[{"n": 3071, "k": 6144, "dtype": "bfloat16", "route": "triton glu"}]', "an even n"),
-    ('[{"n": 3072, "k": 6144, "dtype": "bfloat16", "route": "triton glu 64x128"}]', "entry 0"),
 ])
 def test_a_bad_route_table_is_one_error_naming_the_file_and_entry(text: str, says: str, tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
@@ -68,48 +66,6 @@ def test_a_bad_route_table_is_one_error_naming_the_file_and_entry(text: str, say
         with pytest.raises(ConfigError, match=says) as e:
             skinny._routes("NVIDIA H200")
         assert str(table) in str(e.value)
-    finally:
-        skinny._routes.cache_clear()
-
-
-def _gated_entry(kernels: dict, glu: dict) -> dict:
-    def t(us: float, same: bool = True) -> dict:
-        return {"us": us, "repeat_identical": same}
-
-    return {"model": "huginn", "name": "mlp.fc", "n": 35840, "k": 5280, "dtype": "bfloat16",
-            "kernels": {k: t(*v) if isinstance(v, tuple) else t(v) for k, v in kernels.items()},
-            "glu": {k: t(*v) if isinstance(v, tuple) else t(v) for k, v in glu.items()}}
-
-
-def test_a_gated_shape_is_routed_by_the_product_and_its_swiglu_together(tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The SwiGLU kernel's time (cuBLAS + SwiGLU less cuBLAS: 3 µs here) is added to each product
-    choice, and a fused choice competes with the sums; a fused choice whose bits did not repeat is out."""
-    import decode_routes
-
-    # session 25's H200 profile: mlp.fc 102.5 µs by cuBLAS and the SwiGLU kernel 2.7 µs
-    fused_wins = _gated_entry({"cublas": 102.5, "triton 64x128 s1 st6": 97.0},
-                              {"cublas + silu_mul": 105.5, "triton glu": 99.0, "triton glu 64x128 s1 st6": 95.0})
-    product_wins = _gated_entry({"cublas": 102.5, "triton 64x128 s1 st6": 90.0},
-                                {"cublas + silu_mul": 105.5, "triton glu 64x128 s1 st6": (85.0, False)})
-    neither = _gated_entry({"cublas": 102.5}, {"cublas + silu_mul": 105.5, "triton glu": 104.0})
-    routes = decode_routes.pick_routes({"shapes": [fused_wins]}, 0.03)
-    assert routes == [{"n": 35840, "k": 5280, "dtype": "bfloat16", "route": "triton glu 64x128 s1 st6",
-                       "us": 95.0, "cublas_us": 105.5}]
-    assert decode_routes.pick_routes({"shapes": [product_wins]}, 0.03)[0]["route"] == "triton 64x128 s1 st6"
-    assert decode_routes.pick_routes({"shapes": [product_wins]}, 0.03)[0]["us"] == pytest.approx(93.0)
-    assert decode_routes.pick_routes({"shapes": [neither]}, 0.03) == []
-    plain = decode_routes.without_glu(routes)
-    assert plain[0]["route"] == "triton 64x128 s1 st6" and routes[0]["route"] == "triton glu 64x128 s1 st6"
-    # the engine reads a fused label as a launch of the same tile, and takes it from a table file
-    assert skinny.parse_triton("triton glu 64x128 s1 st6", 35840, 5280, torch.bfloat16, 132) == skinny.parse_triton(
-        "triton 64x128 s1 st6", 35840, 5280, torch.bfloat16, 132)
-    table = tmp_path / "routes.json"
-    table.write_text(json.dumps(routes))
-    monkeypatch.setenv("HOBSON_GEMM16_ROUTES", str(table))
-    skinny._routes.cache_clear()
-    try:
-        assert skinny._routes("any card") == {(35840, 5280, "bfloat16"): "triton glu 64x128 s1 st6"}
     finally:
         skinny._routes.cache_clear()
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hobson.models.common import Linear, fused_kernels, glu_linear, linear, silu_mul
+from hobson.models.common import Linear, fused_kernels, linear
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -96,60 +96,3 @@ def test_the_route_table_of_this_card_and_no_other_is_taken(monkeypatch: pytest.
             assert skinny.route(x, w) == want
         finally:
             skinny._routes.cache_clear()
-
-
-GLU_PLANS = [None, (64, 128, 1, 4, 3), (64, 128, 1, 4, 6), (128, 128, 4, 4, 4), (32, 128, 3, 4, 4)]
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(("m", "i", "k"), [(16, 17920, 5280), (16, 10752, 3072), (5, 200, 96), (1, 40, 200)])
-@pytest.mark.parametrize("plan", GLU_PLANS)
-def test_glu_product_is_silu_gate_times_up_and_repeats_its_bits(dtype: torch.dtype, m: int, i: int, k: int,
-                                                                  plan: tuple | None) -> None:
-    """The SwiGLU in the product's epilogue (official Huginn mlp.fc and Nanbeige gate|up shapes, and
-    ragged ones; with and without split K) against silu(gate) * up of a float64 product whose halves
-    are rounded as the separate kernels round them; and against the plain product of the same tile
-    followed by the SwiGLU in fp32, rounded once."""
-    g = torch.Generator(device="cuda").manual_seed(i + k)
-    x = torch.randn(m, 1, k, device="cuda", dtype=dtype, generator=g)
-    w = torch.randn(2 * i, k, device="cuda", dtype=dtype, generator=g) * k ** -0.5
-    p = skinny.Plan(*plan) if plan else skinny.tile_plan(2 * i, k, dtype, torch.cuda.get_device_properties(0)
-                                                          .multi_processor_count)
-    y = skinny.linear_glu(x, w, p)
-    assert y.shape == (m, 1, i) and y.dtype == dtype and y.is_contiguous()
-    gate, up = (x.double() @ w.double().T).to(dtype).double().chunk(2, dim=-1)
-    ref = torch.nn.functional.silu(gate) * up
-    # largest difference against the largest value, in the output's rounding steps (a value-by-value
-    # ratio would blow up where a half nearly cancels: its fp32 sum over 5,280 terms is off by ~1e-6,
-    # as cuBLAS's is; 2026-12-07 on an H200, up to 146 steps of a value near zero)
-    eps = torch.finfo(dtype).eps
-    assert float((y.double() - ref).abs().max() / ref.abs().max()) <= eps
-    assert float((y.double() - ref).norm() / ref.norm()) < BOUND[dtype]
-    assert torch.equal(y, skinny.linear_glu(x, w, p))
-    pg, pu = skinny.linear(x, w, p).float().chunk(2, dim=-1)
-    same_tile = (pg * torch.sigmoid(pg) * pu).to(dtype)
-    assert float((y.double() - same_tile.double()).abs().max() / ref.abs().max()) <= eps
-
-
-def test_glu_route_runs_only_inside_the_engine_and_only_for_a_stacked_gate_up(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    n, k = 21504, 3072  # Nanbeige's gate|up
-    table = tmp_path / "routes.json"
-    table.write_text(f'[{{"n": {n}, "k": {k}, "dtype": "bfloat16", "route": "triton glu 64x128 s1 st3"}}]')
-    monkeypatch.setenv("HOBSON_GEMM16_ROUTES", str(table))
-    skinny._routes.cache_clear()
-    try:
-        g = torch.Generator(device="cuda").manual_seed(3)
-        x = torch.randn(16, 1, k, device="cuda", dtype=torch.bfloat16, generator=g)
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) * k ** -0.5
-        gate, up = torch.nn.functional.linear(x, w).chunk(2, dim=-1)
-        assert torch.equal(glu_linear(x, w), silu_mul(gate, up))  # outside the engine: the layers' eager ops
-        p = skinny.parse_triton("triton 64x128 s1 st3", n, k, torch.bfloat16, 132)
-        with fused_kernels(True):
-            assert torch.equal(glu_linear(x, w), skinny.linear_glu(x, w, p))
-            assert torch.equal(linear(x, w), skinny.linear(x, w, p))  # a plain product: the same tile
-            many = torch.cat([x] * 2)  # a prefill's 32 rows: cuBLAS, then the SwiGLU kernel
-            gate, up = torch.nn.functional.linear(many, w).chunk(2, dim=-1)
-            assert torch.equal(glu_linear(many, w), silu_mul(gate, up))
-    finally:
-        skinny._routes.cache_clear()

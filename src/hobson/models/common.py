@@ -142,23 +142,6 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
     return nn.functional.linear(x, weight)
 
 
-def glu_linear(x: Tensor, weight: Tensor) -> Tensor:
-    """``silu(gate) * up`` where ``gate | up = x @ weight.T`` (``weight`` the gate's rows over the up's).
-    Inside :class:`fused_kernels`, where this card's route table gives the shape a ``triton glu``
-    route (:mod:`hobson.models.skinny`), one product with the SwiGLU in its epilogue: a kernel fewer
-    a layer and the ``2I``-wide product never written. Elsewhere :func:`linear` then :func:`silu_mul`,
-    as the layers ran them before."""
-    if _FUSED["on"] and x.is_cuda:
-        from hobson.models import skinny
-
-        r = skinny.route(x, weight)
-        if r is not None and r.startswith("triton glu"):
-            return skinny.linear_glu(x, weight, skinny.parse_triton(
-                r, weight.shape[0], weight.shape[1], x.dtype, skinny._sm_count(x.device)))
-    gate, up = linear(x, weight).chunk(2, dim=-1)
-    return silu_mul(gate, up)
-
-
 @fused
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     xf = x.float()

@@ -47,9 +47,9 @@ from hobson.models.common import (
     finish_step,
     fused,
     generator_normal_,
-    glu_linear,
     prepare_attention,
     rms_norm,
+    silu_mul,
 )
 
 MODEL_TYPE = "huginn_raven"
@@ -424,8 +424,8 @@ class GatedMLP(nn.Module):
         self.proj = Linear(cfg.intermediate_size, cfg.n_embd, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        # the fc weight stacks gate over up: chunk(2) of its product, as Huginn's own code splits it
-        return self.proj(glu_linear(x, self.fc.weight))
+        gate, up = self.fc(x).chunk(2, dim=-1)
+        return self.proj(silu_mul(gate, up))
 
 
 class SandwichBlock(nn.Module):

@@ -34,7 +34,6 @@ from hobson.models.common import (
     finish_step,
     fused,
     generator_normal_,
-    glu_linear,
     linear,
     prepare_attention,
     silu_mul,
@@ -244,7 +243,8 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.gate_up_weight is not None:
-            return self.down_proj(glu_linear(x, self.gate_up_weight))
+            gate, up = linear(x, self.gate_up_weight).chunk(2, dim=-1)
+            return self.down_proj(silu_mul(gate, up))
         return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 

@@ -110,10 +110,7 @@ ROUTES_16BIT: dict[str, dict[tuple[int, int, str], str]] = {
 }
 
 
-# "triton glu ..." on a stacked [gate; up] weight: the product with the SwiGLU in its epilogue
-# (linear_glu) where the model asks for silu(gate) * up (hobson.models.common.glu_linear); a plain
-# product of that shape runs the same tile without it
-_ROUTE = re.compile(r"(cublas|cublaslt|cublas swapped|cublaslt swapped|triton( glu)?( \d+x\d+ s\d+ st\d+)?)")
+_ROUTE = re.compile(r"(cublas|cublaslt|cublas swapped|cublaslt swapped|triton|triton \d+x\d+ s\d+ st\d+)")
 
 
 @functools.cache
@@ -149,12 +146,10 @@ def read_routes(path: str) -> dict[tuple[int, int, str], str]:
     for i, r in enumerate(entries):
         ok = (isinstance(r, dict) and isinstance(r.get("n"), int) and isinstance(r.get("k"), int)
               and r.get("dtype") in ("bfloat16", "float16") and isinstance(r.get("route"), str)
-              and _ROUTE.fullmatch(r["route"]) is not None
-              and not (r["route"].startswith("triton glu") and r["n"] % 2))
+              and _ROUTE.fullmatch(r["route"]) is not None)
         if not ok:
             problems.append(f"entry {i} ({r!r}): needs integer n and k, dtype bfloat16 or float16, and a route "
-                            "of cublas, cublaslt, cublas swapped, cublaslt swapped, triton, 'triton BNxBK sS stT', "
-                            "or 'triton glu [BNxBK sS stT]' (an even n: a stacked [gate; up] weight)")
+                            "of cublas, cublaslt, cublas swapped, cublaslt swapped, triton or 'triton BNxBK sS stT'")
             continue
         table[(r["n"], r["k"], r["dtype"])] = r["route"]
     if problems:
@@ -175,9 +170,9 @@ def route(x: Tensor, weight: Tensor) -> str | None:
 
 
 def parse_triton(label: str, n: int, k: int, dtype: torch.dtype, sms: int) -> Plan:
-    """A bench label ("triton", "triton 64x128 s4 st4", either with "glu" after "triton") as a launch."""
+    """A bench label ("triton", or "triton 64x128 s4 st4") as a launch."""
     base = tile_plan(n, k, dtype, sms)
-    parts = [w for w in label.split() if w != "glu"]
+    parts = label.split()
     if len(parts) == 1:
         return base
     bn, bk = (int(v) for v in parts[1].split("x"))
@@ -276,65 +271,7 @@ def _kernels():  # noqa: ANN202 - triton objects; built on first use, so importi
             acc += tl.load(ws_ptr + s * MN + offs, mask=mask, other=0.0)
         tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
-    @triton.jit
-    def gemm_glu(x_ptr, w_ptr, y_ptr, M, HALF, K, stride_xm, stride_wn, stride_ym, stride_ys,
-                 K_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVEN: tl.constexpr, SPLIT: tl.constexpr):
-        # BLOCK_N weight rows a program, interleaved: gate row n then up row HALF + n (HALF: the
-        # SwiGLU's width), for BLOCK_N / 2 outputs, so one dot (the weight rows its long side, as in
-        # gemm) yields both halves
-        pid_n = tl.program_id(0)
-        pid_s = tl.program_id(1)
-        j = tl.arange(0, BLOCK_N)
-        out = pid_n * (BLOCK_N // 2) + j // 2
-        rn = out + (j % 2) * HALF
-        rm = tl.arange(0, BLOCK_M)
-        rk = tl.arange(0, BLOCK_K)
-        k_lo = pid_s * K_SPLIT
-        w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + (k_lo + rk)[None, :]
-        x_ptrs = x_ptr + rm[None, :] * stride_xm + (k_lo + rk)[:, None]
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for k in range(0, K_SPLIT, BLOCK_K):
-            if EVEN:
-                w = tl.load(w_ptrs)
-                x = tl.load(x_ptrs, mask=rm[None, :] < M, other=0.0)
-            else:
-                kk = k_lo + k + rk
-                w = tl.load(w_ptrs, mask=(out[:, None] < HALF) & (kk[None, :] < K), other=0.0)
-                x = tl.load(x_ptrs, mask=(rm[None, :] < M) & (kk[:, None] < K), other=0.0)
-            acc += tl.dot(w, x)
-            w_ptrs += BLOCK_K
-            x_ptrs += BLOCK_K
-        if SPLIT == 1:
-            # (BLOCK_N, M) -> (M, BLOCK_N / 2, 2): the last axis pairs each gate with its up
-            gate, up = tl.split(tl.reshape(tl.trans(acc), (BLOCK_M, BLOCK_N // 2, 2)))
-            # each half rounded to the output dtype first, as the product then silu_mul round them
-            g = gate.to(y_ptr.dtype.element_ty).to(tl.float32)
-            u = up.to(y_ptr.dtype.element_ty).to(tl.float32)
-            y = g * tl.sigmoid(g) * u
-            ro = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-            y_ptrs = y_ptr + rm[:, None] * stride_ym + ro[None, :]
-            tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (ro[None, :] < HALF))
-        else:  # fp32 partial sums at the product's columns (gate n, up HALF + n); glu_splits finishes
-            y_ptrs = y_ptr + pid_s * stride_ys + rm[None, :] * stride_ym + rn[:, None]
-            tl.store(y_ptrs, acc, mask=(rm[None, :] < M) & (out[:, None] < HALF))
-
-    @triton.jit
-    def glu_splits(ws_ptr, y_ptr, M, HALF, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < M * HALF
-        col = offs % HALF
-        src = (offs // HALF) * (2 * HALF) + col
-        g = tl.zeros((BLOCK,), dtype=tl.float32)
-        u = tl.zeros((BLOCK,), dtype=tl.float32)
-        for s in tl.static_range(SPLIT):  # a fixed order: the same bits every run
-            g += tl.load(ws_ptr + s * M * 2 * HALF + src, mask=mask, other=0.0)
-            u += tl.load(ws_ptr + s * M * 2 * HALF + src + HALF, mask=mask, other=0.0)
-        g = g.to(y_ptr.dtype.element_ty).to(tl.float32)
-        u = u.to(y_ptr.dtype.element_ty).to(tl.float32)
-        tl.store(y_ptr + offs, (g * tl.sigmoid(g) * u).to(y_ptr.dtype.element_ty), mask=mask)
-
-    return gemm, sum_splits, gemm_glu, glu_splits
+    return gemm, sum_splits
 
 
 def linear(x: Tensor, weight: Tensor, p: Plan | None = None) -> Tensor:
@@ -344,7 +281,7 @@ def linear(x: Tensor, weight: Tensor, p: Plan | None = None) -> Tensor:
     as ``p.precision`` says (3xTF32 by default: fp32 accuracy), never as plain TF32. ``p``
     overrides :func:`plan` (the bench's sweep, and 16-bit inputs, which :func:`plan` leaves to cuBLAS).
     """
-    gemm, sum_splits = _kernels()[:2]
+    gemm, sum_splits = _kernels()
     n, k = weight.shape
     x2 = x.reshape(-1, k)
     if x2.stride(1) != 1:
@@ -367,35 +304,3 @@ def linear(x: Tensor, weight: Tensor, p: Plan | None = None) -> Tensor:
         block = 1024
         sum_splits[(_cdiv(m * n, block),)](out, y, m * n, SPLIT=split, BLOCK=block, num_warps=4)
     return y.view(*x.shape[:-1], n)
-
-
-def linear_glu(x: Tensor, weight: Tensor, p: Plan) -> Tensor:
-    """``silu(gate) * up`` of ``x @ weight.T``, where ``weight`` stacks the gate's rows over the up's
-    (``2I × K``), in one product whose epilogue applies the SwiGLU: the ``(…, 2I)`` product is never
-    written and the SwiGLU's own kernel does not run. 16-bit inputs; ``p`` is the product's launch
-    (``p.block_n`` weight rows a program: half gate, half up). Each half is rounded to the input
-    dtype before the SwiGLU, as the separate kernels round it; the SwiGLU in fp32, rounded once."""
-    gemm_glu, glu_splits = _kernels()[2:]
-    n, k = weight.shape
-    if n % 2 or x.dtype == torch.float32:
-        raise ValueError(f"linear_glu: needs a 16-bit [gate; up] weight of even rows, got {tuple(weight.shape)} "
-                         f"{x.dtype}")
-    i = n // 2
-    x2 = x.reshape(-1, k)
-    if x2.stride(1) != 1:
-        x2 = x2.contiguous()
-    m = x2.shape[0]
-    k_split = _cdiv(_cdiv(k, p.split), p.block_k) * p.block_k
-    split = _cdiv(k, k_split)
-    even = i % (p.block_n // 2) == 0 and k % k_split == 0
-    y = torch.empty(m, i, device=x.device, dtype=x.dtype)
-    out = y if split == 1 else torch.empty(split, m, n, device=x.device, dtype=torch.float32)
-    stride_ym = i if split == 1 else n
-    gemm_glu[(_cdiv(i, p.block_n // 2), split)](
-        x2, weight, out, m, i, k, x2.stride(0), weight.stride(0), stride_ym, m * n,
-        K_SPLIT=k_split, BLOCK_M=MAX_ROWS, BLOCK_N=p.block_n, BLOCK_K=p.block_k, EVEN=even, SPLIT=split,
-        num_warps=p.warps, num_stages=p.stages)
-    if split > 1:
-        block = 1024
-        glu_splits[(_cdiv(m * i, block),)](out, y, m, i, SPLIT=split, BLOCK=block, num_warps=4)
-    return y.view(*x.shape[:-1], i)

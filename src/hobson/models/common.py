@@ -87,6 +87,11 @@ class fused_kernels:  # noqa: N801 (a context manager used like a function)
 _COMPILED: dict[Any, Any] = {}
 
 
+def fused_on() -> bool:
+    """Whether this code runs inside :class:`fused_kernels` (the rollout engine's decode on a GPU)."""
+    return _FUSED["on"]
+
+
 def checkpointed(fn: Any, *args: Any) -> Any:
     """``fn(*args)`` under activation checkpointing, its recompute in the backward running the
     kernels its forward ran: the backward runs after the caller's ``fused_kernels`` block has
@@ -153,10 +158,20 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
     return nn.functional.silu(gate) * up
 
 
-@fused
 def add_rms_norm(x: Tensor, y: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """``(x + y, rms_norm(x + y))``: a residual add and the norm after it, one kernel when fused
-    (eager: exactly the add then :func:`rms_norm`, as the layers wrote them before)."""
+    (a decode step's few rows: :mod:`hobson.models.rownorm`; eager: exactly the add then
+    :func:`rms_norm`, as the layers wrote them before)."""
+    if fused_on():
+        from hobson.models import rownorm
+
+        if rownorm.usable(x, y, weight):
+            return rownorm.add_norm(x, y, weight, eps)
+    return _add_rms_norm(x, y, weight, eps)
+
+
+@fused
+def _add_rms_norm(x: Tensor, y: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     s = x + y
     return s, rms_norm.__wrapped__(s, weight, eps)
 

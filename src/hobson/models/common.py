@@ -58,12 +58,13 @@ class Embedding(nn.Embedding):
 # A decode step of these models is thousands of tiny elementwise kernels (a Huginn step runs 132
 # blocks); under CUDA-graph replay their launch cost is gone but each still costs a few µs of GPU
 # time. Inside ``fused_kernels()`` the norm, RoPE and gated-MLP chains run as torch.compile'd
-# kernels (one kernel per chain), products of at most 16 rows run a weight-streaming GEMM
+# kernels (one kernel per chain; a decode step's residual add and norms as one Triton program per
+# row, hobson.models.rownorm), products of at most 16 rows run a weight-streaming GEMM
 # (linear()), and a one-token step's cache write and attention run as one kernel (cache_attend()).
 # Only the rollout engine turns it on, on CUDA; training and every CPU path stay eager (the
 # engine/trainer log-prob agreement bound covers the rounding). HOBSON_FUSED_KERNELS=0 turns the
 # compiled chains off (a failed compile falls back to the eager kernels), HOBSON_SKINNY_GEMM=0 the
-# GEMM, HOBSON_DECODE_ATTENTION=0 the attention kernel.
+# GEMM, HOBSON_DECODE_ATTENTION=0 the attention kernel, HOBSON_ROW_NORMS=0 the row-norm kernel.
 
 _FUSED: dict[str, bool] = {"on": False, "dynamic": False}
 

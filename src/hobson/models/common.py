@@ -58,12 +58,13 @@ class Embedding(nn.Embedding):
 # A decode step of these models is thousands of tiny elementwise kernels (a Huginn step runs 132
 # blocks); under CUDA-graph replay their launch cost is gone but each still costs a few µs of GPU
 # time. Inside ``fused_kernels()`` the norm, RoPE and gated-MLP chains run as torch.compile'd
-# kernels (one kernel per chain), products of at most 16 rows run a weight-streaming GEMM
+# kernels (one kernel per chain; a decode step's residual add and norms as one Triton program per
+# row, hobson.models.rownorm), products of at most 16 rows run a weight-streaming GEMM
 # (linear()), and a one-token step's cache write and attention run as one kernel (cache_attend()).
 # Only the rollout engine turns it on, on CUDA; training and every CPU path stay eager (the
 # engine/trainer log-prob agreement bound covers the rounding). HOBSON_FUSED_KERNELS=0 turns the
 # compiled chains off (a failed compile falls back to the eager kernels), HOBSON_SKINNY_GEMM=0 the
-# GEMM, HOBSON_DECODE_ATTENTION=0 the attention kernel.
+# GEMM, HOBSON_DECODE_ATTENTION=0 the attention kernel, HOBSON_ROW_NORMS=0 the row-norm kernel.
 
 _FUSED: dict[str, bool] = {"on": False, "dynamic": False}
 
@@ -85,6 +86,11 @@ class fused_kernels:  # noqa: N801 (a context manager used like a function)
 
 
 _COMPILED: dict[Any, Any] = {}
+
+
+def fused_on() -> bool:
+    """Whether this code runs inside :class:`fused_kernels` (the rollout engine's decode on a GPU)."""
+    return _FUSED["on"]
 
 
 def checkpointed(fn: Any, *args: Any) -> Any:
@@ -153,10 +159,20 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
     return nn.functional.silu(gate) * up
 
 
-@fused
 def add_rms_norm(x: Tensor, y: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """``(x + y, rms_norm(x + y))``: a residual add and the norm after it, one kernel when fused
-    (eager: exactly the add then :func:`rms_norm`, as the layers wrote them before)."""
+    (a decode step's few rows: :mod:`hobson.models.rownorm`; eager: exactly the add then
+    :func:`rms_norm`, as the layers wrote them before)."""
+    if fused_on():
+        from hobson.models import rownorm
+
+        if rownorm.usable(x, y, weight):
+            return rownorm.add_norm(x, y, weight, eps)
+    return _add_rms_norm(x, y, weight, eps)
+
+
+@fused
+def _add_rms_norm(x: Tensor, y: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     s = x + y
     return s, rms_norm.__wrapped__(s, weight, eps)
 

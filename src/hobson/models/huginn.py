@@ -46,6 +46,7 @@ from hobson.models.common import (
     checkpointed,
     finish_step,
     fused,
+    fused_on,
     generator_normal_,
     prepare_attention,
     rms_norm,
@@ -200,9 +201,19 @@ def bias_rope_qk(q: Tensor, k: Tensor, bias: Tensor | None, freqs: Tensor, dtype
     return apply_rope.__wrapped__(q, freqs), apply_rope.__wrapped__(k, freqs)
 
 
-@fused
 def sandwich_norms(attn: Tensor, x: Tensor, w2: Tensor, w3: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """``x = norm_2(attn + x)`` and the MLP's input ``norm_3(x)``, one compiled kernel when fused."""
+    """``x = norm_2(attn + x)`` and the MLP's input ``norm_3(x)``, one kernel when fused (a decode
+    step's few rows: :mod:`hobson.models.rownorm`; more rows: one compiled kernel)."""
+    if fused_on():
+        from hobson.models import rownorm
+
+        if rownorm.usable(attn, x, w2, w3):
+            return rownorm.sandwich(attn, x, w2, w3, eps)
+    return _sandwich_norms(attn, x, w2, w3, eps)
+
+
+@fused
+def _sandwich_norms(attn: Tensor, x: Tensor, w2: Tensor, w3: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     x = rms_norm.__wrapped__(attn + x, w2, eps)
     return x, rms_norm.__wrapped__(x, w3, eps)
 

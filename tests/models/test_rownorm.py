@@ -67,6 +67,12 @@ def check(case: dict) -> dict:
             sandwich_norms(a, b, w1, w2, eps)[1], h1)
     outside = torch.equal(sandwich_norms(a, b, w1, w2, eps)[1], h2)  # outside the engine: eager, unchanged
     out["front_doors"] = took and outside
+    # a forward whose gradient is wanted (an RL update's, inside fused_kernels too) stays with the
+    # compiled chain, which has a backward: the kernel has none
+    wg = w1.clone().requires_grad_(True)
+    with common.fused_kernels(True):
+        y_grad = sandwich_norms(a, b, wg, w2, eps)[1]
+    out["grad_kept"] = y_grad.requires_grad and not rownorm.usable(a, b, wg, w2)
     return out
 
 
@@ -77,12 +83,12 @@ def test_interpreted_kernel_is_the_eager_chain(rows: int, n: int, dtype: str) ->
     row and sixteen: the residual sum bit-equal to eager's add, each norm within one rounding step
     of eager's for 16 bits, four for fp32 (the fp32 sum of squares runs in another order), a repeat bit for bit, and the
     layers' front doors (``add_rms_norm``, ``sandwich_norms``) taking the kernel inside the engine's
-    ``fused_kernels`` only."""
+    ``fused_kernels`` only, and never for a forward whose gradient is wanted."""
     res = _interpreted({"rows": rows, "n": n, "dtype": dtype})
     assert res["usable"] and res["shapes"] and res["sum_equal"] and res["repeat_equal"], res
     bound = 4.0 if dtype == "float32" else 1.0  # fp32: the sum's order and rsqrt move a few ulps
     assert res["norm_steps"] <= bound and res["sandwich_steps"] <= bound, res
-    assert res["front_doors"], res
+    assert res["front_doors"] and res["grad_kept"], res
 
 
 def test_usable_only_for_a_decode_steps_rows() -> None:

@@ -62,3 +62,25 @@ def test_only_the_engines_few_rows_take_the_kernel() -> None:
     with common.fused_kernels(True):
         inside = sandwich_norms(few, few, w, w, 1e-6)
     assert all(torch.equal(o, k) for o, k in zip(inside, rownorm.sandwich(few, few, w, w, 1e-6), strict=True))
+
+
+def test_a_forward_that_wants_gradients_keeps_them_inside_fused_kernels() -> None:
+    """An RL update's forward runs inside ``fused_kernels`` too; at 16 rows (a tiny batch) its norms
+    and products would fit the decode kernels, which have no backward. They stay with torch: every
+    weight gets the gradient it gets outside ``fused_kernels`` (up to the compiled chains' rounding)."""
+    from hobson.models.huginn import HuginnRaven, tiny_config
+
+    torch.manual_seed(0)
+    model = HuginnRaven(tiny_config()).cuda()
+    ids = torch.randint(0, model.config.vocab_size, (2, 8), device="cuda")
+
+    def grads(fused: bool) -> dict[str, torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        with common.fused_kernels(on=fused, dynamic=True):
+            model(ids, num_steps_no_grad=1, num_steps_with_grad=2).logsumexp(-1).mean().backward()
+        return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+    eager, inside = grads(False), grads(True)
+    assert eager.keys() == inside.keys() and len(eager) > 10
+    for k in eager:
+        torch.testing.assert_close(inside[k], eager[k], rtol=1e-3, atol=1e-5, msg=k)

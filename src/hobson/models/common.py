@@ -136,8 +136,10 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
     """``x @ weight.T``. Inside :class:`fused_kernels`, on CUDA, with at most 16 rows (a decode step
     at batch ≤ 16), the weight-streaming kernel of :mod:`hobson.models.skinny`: cuBLAS's kernels
     for these shapes read the weights at well under the memory bandwidth. Everywhere else (training,
-    prefill, CPU) ``torch.nn.functional.linear``, unchanged."""
-    if _FUSED["on"] and x.is_cuda:
+    prefill, CPU) ``torch.nn.functional.linear``, unchanged. The Triton kernels have no backward, so
+    a product whose gradient is wanted (an RL update's forward, which runs inside ``fused_kernels``
+    too, at ≤ 16 rows for a tiny batch) stays with torch as well."""
+    if _FUSED["on"] and x.is_cuda and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         from hobson.models import skinny
 
         if skinny.usable(x, weight):

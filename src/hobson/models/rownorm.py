@@ -16,7 +16,8 @@ The rounding follows the eager ops: the add is rounded to the dtype, each normal
 rounded before the weight's product, and the product is rounded again. Only the order of the
 fp32 sum of squares differs from eager (and from inductor's); it is fixed, so a repeat is
 bit-identical. Used only inside ``fused_kernels()`` on CUDA for at most :data:`MAX_ROWS` rows (a
-decode step); ``HOBSON_ROW_NORMS=0`` leaves those to the compiled chains.
+decode step) when no gradient is wanted (the kernel has no backward; an RL update's forward runs
+inside ``fused_kernels`` too); ``HOBSON_ROW_NORMS=0`` leaves those to the compiled chains.
 """
 
 from __future__ import annotations
@@ -48,10 +49,12 @@ def _triton_ok() -> bool:
 
 
 def usable(a: Tensor, b: Tensor, *weights: Tensor) -> bool:
-    """Whether the kernel takes this call: CUDA (or Triton's interpreter), rows of one dtype with
-    their last dimension contiguous, at most :data:`MAX_ROWS` rows of at most :data:`MAX_N`, and
-    weights of that width and dtype."""
+    """Whether the kernel takes this call: CUDA (or Triton's interpreter), no gradient wanted, rows
+    of one dtype with their last dimension contiguous, at most :data:`MAX_ROWS` rows of at most
+    :data:`MAX_N`, and weights of that width and dtype."""
     if not (enabled() and _triton_ok()) or not (a.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (a, b, *weights)):
         return False
     n = a.shape[-1]
     if a.shape != b.shape or a.dtype != b.dtype or a.dtype not in _DTYPES or n > MAX_N or a.numel() == 0:

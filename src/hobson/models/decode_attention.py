@@ -39,6 +39,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from hobson.models.triton_env import triton_available
+
 BLOCK = 32  # cache positions per loop iteration (the default plan's)
 MIN_ROWS = 16  # tl.dot's smallest tile side: the query heads of one KV head are padded to it
 
@@ -244,13 +246,7 @@ def _kernel():  # noqa: ANN202 - a triton JIT function
 
 
 def enabled() -> bool:
-    if os.environ.get("HOBSON_DECODE_ATTENTION", "1") == "0":
-        return False
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return os.environ.get("HOBSON_DECODE_ATTENTION", "1") != "0" and triton_available()
 
 
 def usable(q: Tensor, kcache: Tensor) -> bool:

@@ -28,6 +28,8 @@ import os
 import torch
 from torch import Tensor
 
+from hobson.models.triton_env import triton_available
+
 MAX_ROWS = 64  # a decode step's batch; a prefill's thousands of rows stay with inductor's kernels
 MAX_N = 16384  # one row in one program's registers
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -39,20 +41,11 @@ def enabled() -> bool:
     return os.environ.get("HOBSON_ROW_NORMS", "1") != "0"
 
 
-@functools.cache
-def _triton_ok() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def usable(a: Tensor, b: Tensor, *weights: Tensor) -> bool:
     """Whether the kernel takes this call: CUDA (or Triton's interpreter), no gradient wanted, rows
     of one dtype with their last dimension contiguous, at most :data:`MAX_ROWS` rows of at most
     :data:`MAX_N`, and weights of that width and dtype."""
-    if not (enabled() and _triton_ok()) or not (a.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+    if not (enabled() and triton_available()) or not (a.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
         return False
     if torch.is_grad_enabled() and any(t.requires_grad for t in (a, b, *weights)):
         return False

@@ -42,6 +42,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from hobson.models.triton_env import triton_available
+
 MAX_ROWS = 16  # the kernel's row block: one tile holds every row of a batch-16 decode step
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -63,19 +65,10 @@ def enabled() -> bool:
     return os.environ.get("HOBSON_SKINNY_GEMM", "1") != "0"
 
 
-@functools.cache
-def _triton_ok() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def usable(x: Tensor, weight: Tensor) -> bool:
     """Whether :func:`linear` takes this product: CUDA, ≤ 16 rows, matching 16-bit or fp32 dtypes,
     and a plan that the measurements favoured over cuBLAS (:func:`plan` returns None otherwise)."""
-    if not (x.is_cuda and enabled() and _triton_ok()):
+    if not (x.is_cuda and enabled() and triton_available()):
         return False
     if weight.dim() != 2 or x.shape[-1] != weight.shape[1] or x.dtype != weight.dtype or x.dtype not in _DTYPES:
         return False
@@ -164,7 +157,7 @@ def route(x: Tensor, weight: Tensor) -> str | None:
     if x.dtype != weight.dtype or x.numel() // max(x.shape[-1], 1) > MAX_ROWS:
         return None
     r = _routes(_card(x.device)).get((weight.shape[0], weight.shape[1], str(x.dtype).removeprefix("torch.")))
-    if r is None or r == "cublas" or (r.startswith("triton") and not _triton_ok()):
+    if r is None or r == "cublas" or (r.startswith("triton") and not triton_available()):
         return None
     return r
 

@@ -71,7 +71,9 @@ def test_a_forward_that_wants_gradients_keeps_them_inside_fused_kernels() -> Non
     from hobson.models.huginn import HuginnRaven, tiny_config
 
     torch.manual_seed(0)
-    model = HuginnRaven(tiny_config()).cuda()
+    model = HuginnRaven(tiny_config())
+    model.init_weights(0)  # a bare module's parameters are uninitialised memory: NaN gradients on CPU
+    model = model.cuda()
     ids = torch.randint(0, model.config.vocab_size, (2, 8), device="cuda")
 
     def grads(fused: bool) -> dict[str, torch.Tensor]:
@@ -83,4 +85,5 @@ def test_a_forward_that_wants_gradients_keeps_them_inside_fused_kernels() -> Non
     eager, inside = grads(False), grads(True)
     assert eager.keys() == inside.keys() and len(eager) > 10
     for k in eager:
-        torch.testing.assert_close(inside[k], eager[k], rtol=1e-3, atol=1e-5, msg=k)
+        assert eager[k].isfinite().all(), k
+        torch.testing.assert_close(inside[k], eager[k], rtol=1e-3, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")

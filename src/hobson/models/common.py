@@ -363,6 +363,22 @@ def finish_step(cache: KVCache | None, new: int, key_mask: Tensor | None) -> Non
         cache.key_mask = key_mask
 
 
+class CachedDecoding:
+    """``prefill`` and ``decode_step`` (what the rollout engines call) over a model whose forward
+    takes ``cache=``: the same two methods for Huginn, Nanbeige and the transformers wrapper. Mixed
+    in before ``nn.Module``."""
+
+    def prefill(self, input_ids: Tensor, cache: Any, **kwargs: Any) -> Tensor:
+        """Run the prompt ``(B, T)`` into an empty ``cache``; returns the output for every position."""
+        if cache.length:
+            raise ValueError("prefill needs an empty cache")
+        return self(input_ids, cache=cache, **kwargs)
+
+    def decode_step(self, token_ids: Tensor, cache: Any, **kwargs: Any) -> Tensor:
+        """Append one token per row ``(B,)``; returns the output for that position ``(B, V)`` or ``(B,)``."""
+        return self(token_ids.view(-1, 1), cache=cache, **kwargs)[:, -1]
+
+
 def decode_streams(cache: KVCache | StaticKVCache | None, slot: Any, q: Tensor) -> tuple[Tensor, Tensor] | None:
     """The cache tensors of ``slot`` when this attention runs as the one-kernel decode step
     (:mod:`hobson.models.decode_attention`): inside :class:`fused_kernels`, on CUDA, one token, a

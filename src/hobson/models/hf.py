@@ -42,6 +42,7 @@ from torch import Tensor, nn
 
 from hobson.errors import ConfigError
 from hobson.models.common import (
+    CachedDecoding,
     CheckpointError,
     Linear,
     SafetensorsDir,
@@ -84,7 +85,7 @@ class HFCache:
         return self.key_mask
 
 
-class HFCausalLM(nn.Module):
+class HFCausalLM(CachedDecoding, nn.Module):
     """An HF causal LM (actor) or its torso with a value head (critic), under the HF names."""
 
     def __init__(self, hf: nn.Module, critic: bool = False) -> None:
@@ -162,16 +163,6 @@ class HFCausalLM(nn.Module):
 
     def new_cache(self) -> HFCache:
         return HFCache(self.config)
-
-    def prefill(self, input_ids: Tensor, cache: HFCache, **kwargs: Any) -> Tensor:
-        """Run the prompt ``(B, T)`` into an empty ``cache``; returns the output for every position."""
-        if cache.length:
-            raise ValueError("prefill needs an empty cache")
-        return self(input_ids, cache=cache, **kwargs)
-
-    def decode_step(self, token_ids: Tensor, cache: HFCache, **kwargs: Any) -> Tensor:
-        """Append one token per row ``(B,)``; returns the output for that position ``(B, V)`` or ``(B,)``."""
-        return self(token_ids.view(-1, 1), cache=cache, **kwargs)[:, -1]
 
 
 @contextlib.contextmanager

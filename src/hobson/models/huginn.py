@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from hobson.errors import ConfigError
 from hobson.models.common import (
+    CachedDecoding,
     Embedding,
     KVCache,
     Linear,
@@ -469,7 +470,7 @@ class SandwichBlock(nn.Module):
         return sandwich_norms(m, x, self.norm_4.weight, next_norm.weight, self.norm_4.eps)
 
 
-class HuginnRaven(nn.Module):
+class HuginnRaven(CachedDecoding, nn.Module):
     """Actor (``lm_head`` tied to ``transformer.wte``) or critic (``value_head`` Linear(E, 1) instead).
 
     ``forward`` returns fp32 logits ``(B, T, V)`` for the actor, fp32 values ``(B, T)`` for the critic.
@@ -669,14 +670,3 @@ class HuginnRaven(nn.Module):
         if self.critic:
             return self.value_head(x).squeeze(-1).float()
         return self.lm_head(x).float()
-
-    def prefill(self, input_ids: Tensor, cache: KVCache, **kwargs: Any) -> Tensor:
-        """Run the prompt ``(B, T)`` into an empty ``cache``; returns the output for every position."""
-        if cache.length:
-            raise ValueError("prefill needs an empty cache")
-        return self(input_ids, cache=cache, **kwargs)
-
-    def decode_step(self, token_ids: Tensor, cache: KVCache, **kwargs: Any) -> Tensor:
-        """Append one token per row ``(B,)``; returns the output for that position ``(B, V)`` or ``(B,)``."""
-        out = self(token_ids.view(-1, 1), cache=cache, **kwargs)
-        return out[:, -1]

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from hobson.errors import ConfigError
 from hobson.models import decode_attention
 from hobson.models.common import (
+    CachedDecoding,
     Embedding,
     KVCache,
     Linear,
@@ -281,7 +282,7 @@ class DecoderLayer(nn.Module):
         return x, self.mlp(h)
 
 
-class NanbeigeLooped(nn.Module):
+class NanbeigeLooped(CachedDecoding, nn.Module):
     """Actor (untied ``lm_head``) or critic (``value_head`` Linear(hidden, 1) instead).
 
     ``forward`` returns fp32 logits ``(B, T, V)`` for the actor, fp32 values ``(B, T)`` for the critic.
@@ -374,13 +375,3 @@ class NanbeigeLooped(nn.Module):
         if self.critic:
             return self.value_head(x).squeeze(-1).float()
         return self.lm_head(x).float()
-
-    def prefill(self, input_ids: Tensor, cache: KVCache, **kwargs: Any) -> Tensor:
-        """Run the prompt ``(B, T)`` into an empty ``cache``; returns the output for every position."""
-        if cache.length:
-            raise ValueError("prefill needs an empty cache")
-        return self(input_ids, cache=cache, **kwargs)
-
-    def decode_step(self, token_ids: Tensor, cache: KVCache, **kwargs: Any) -> Tensor:
-        """Append one token per row ``(B,)``; returns the output for that position ``(B, V)`` or ``(B,)``."""
-        return self(token_ids.view(-1, 1), cache=cache, **kwargs)[:, -1]

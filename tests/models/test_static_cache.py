@@ -113,3 +113,22 @@ def test_the_mask_is_built_once_a_forward_and_only_when_asked() -> None:
     cache.advance(3)
     cache.prepare(None, 2, 1, None)  # the next forward: a new mask, built from its own positions
     assert cache._mask is None and cache.mask()[1, 0, 0].tolist() == [False, True, True, True, False, False]
+
+
+@pytest.mark.parametrize("kind", ["huginn_raven", "nanbeige"])
+def test_prefill_refuses_a_used_cache_and_a_decode_step_is_the_forwards_last_position(kind: str) -> None:
+    """The engines' two calls (``CachedDecoding``): ``prefill`` only into an empty cache (one clear
+    error, the cache untouched), and ``decode_step`` the full forward's output at the new position."""
+    cfg = tiny_config(kind)
+    model = PROVIDERS[kind].build_actor(cfg, seed=3)
+    ids = torch.randint(1, cfg.vocab_size, (2, 5), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        cache = model.new_cache()
+        model.prefill(ids[:, :4], cache)
+        with pytest.raises(ValueError, match="prefill needs an empty cache"):
+            model.prefill(ids[:, :4], cache)
+        assert cache.length == 4
+        step = model.decode_step(ids[:, 4], cache)
+        whole = model(ids)[:, -1]
+    assert step.shape == whole.shape == (2, cfg.vocab_size)
+    torch.testing.assert_close(step, whole, rtol=1e-5, atol=1e-5)
